@@ -1,0 +1,106 @@
+# dflash build. `make` builds build/dflash, build/libdflash.a and build/libdflash.so;
+# `make test` runs every test; `make asan` / `make tsan` run them under sanitizers;
+# `make fuzz` builds the libFuzzer targets (clang); `make install PREFIX=...`.
+# Sources are found by wildcard: a new .c file under src/ or tests/ needs no Makefile edit.
+
+CC      ?= cc
+PREFIX  ?= /usr/local
+BUILD   ?= build
+OPT     ?= -O2
+CFLAGS_BASE = -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wvla \
+              -D_GNU_SOURCE -fPIC -Iinclude -Isrc -pthread
+CFLAGS  ?= $(OPT) -g
+ALL_CFLAGS = $(CFLAGS_BASE) $(CFLAGS) $(EXTRA_CFLAGS) -MMD -MP
+LDLIBS  = -lm -lpthread -lpcre2-8
+VERSION = 0.1.0
+
+# optional toolchains, detected once
+NVCC  := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CLANG := $(shell command -v clang 2>/dev/null)
+
+LIB_SRC   := $(sort $(shell find src -name '*.c' -not -path 'src/backend/cuda/*'))
+TOOL_SRC  := $(sort $(wildcard tools/*.c))
+TEST_SRC  := $(sort $(wildcard tests/test_*.c))
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/%.o)
+TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/runner.o
+
+.PHONY: all lib test check run deps asan tsan fuzz install clean toolchains models
+
+all: toolchains $(BUILD)/dflash $(BUILD)/libdflash.a $(BUILD)/libdflash.so
+
+toolchains:
+	@echo "dflash: cc = $(CC) ($$($(CC) -dumpfullversion -dumpversion 2>/dev/null))"
+	@if [ -n "$(NVCC)" ]; then echo "dflash: nvcc found at $(NVCC)"; else echo "dflash: nvcc not found (CUDA backend not built)"; fi
+	@if [ -n "$(CLANG)" ]; then echo "dflash: clang found at $(CLANG) (make fuzz available)"; else echo "dflash: clang not found (make fuzz unavailable)"; fi
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/libdflash.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libdflash.so: $(LIB_OBJ)
+	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/dflash: $(TOOL_OBJ) $(BUILD)/libdflash.a
+	$(CC) $(ALL_CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/tests/test_list.h: $(TEST_SRC) tests/gen_list.sh
+	@mkdir -p $(dir $@)
+	sh tests/gen_list.sh $@ $(TEST_SRC)
+
+$(BUILD)/tests/runner.o: tests/runner.c $(BUILD)/tests/test_list.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -I$(BUILD)/tests -c $< -o $@
+
+$(BUILD)/dflash-tests: $(TEST_OBJ) $(BUILD)/libdflash.a
+	$(CC) $(ALL_CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
+
+# Runs every test (C unit tests, CLI tests, numpy reference and llama.cpp peer tests; the last
+# two skip with a message where python3-numpy or node are missing).
+test: all $(BUILD)/dflash-tests
+	DFLASH_CLI=$(BUILD)/dflash ./$(BUILD)/dflash-tests $(T)
+
+# Dependencies (Debian packages and the pinned npm peers); idempotent.
+deps:
+	sh tools/install-deps.sh
+
+# The README's two commands.
+check: deps
+	$(MAKE) test
+run: deps
+	$(MAKE) all
+	./$(BUILD)/dflash --version
+
+asan:
+	$(MAKE) BUILD=build-asan OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	        LDFLAGS="-fsanitize=address,undefined" test
+
+tsan:
+	$(MAKE) BUILD=build-tsan OPT=-O1 EXTRA_CFLAGS="-fsanitize=thread" LDFLAGS="-fsanitize=thread" test
+
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+fuzz:
+	@if [ -z "$(CLANG)" ]; then echo "make fuzz needs clang"; exit 1; fi
+	$(MAKE) BUILD=build-fuzz CC=clang OPT=-O1 EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" build-fuzz/libdflash.a
+	@for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
+	  echo "clang $$f -> build-fuzz/$$n"; \
+	  clang $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined $$f build-fuzz/libdflash.a $(LDLIBS) -o build-fuzz/$$n || exit 1; done
+	@echo "fuzz targets: $(FUZZ_BIN)  (run e.g. build-fuzz/fuzz_gguf -max_total_time=600 tests/fuzz/corpus_gguf)"
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 $(BUILD)/libdflash.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(BUILD)/libdflash.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 include/dflash.h $(DESTDIR)$(PREFIX)/include/
+	install -m 755 $(BUILD)/dflash $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' dflash.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dflash.pc
+
+clean:
+	rm -rf build build-asan build-tsan build-fuzz
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,16 @@
+/* fmap.h: read-only file mappings (weights stay in the mapping, never copied). */
+#ifndef DFL_BASE_FMAP_H
+#define DFL_BASE_FMAP_H
+
+#include "dflash.h"
+
+typedef struct fmap {
+    const uint8_t *data; /* NULL for an empty file */
+    size_t size;
+} fmap;
+
+/* Maps the whole file read-only. */
+dfl_status fmap_open(fmap *map, const char *path, dfl_error *err);
+void fmap_close(fmap *map);
+
+#endif

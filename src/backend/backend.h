@@ -168,6 +168,8 @@ dfl_status backend_op_validate(const backend *be, const backend_op *op, dfl_erro
 /* Enqueues an op (validated first; aborts with the validation message if invalid). */
 void backend_queue_submit(backend_queue *q, const backend_op *op);
 const char *backend_op_name(backend_op_kind kind);
+/* Weight types op_matmul and op_get_rows accept: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K. */
+bool backend_matmul_type_supported(uint32_t type);
 
 /* matmul: dst [n_out, n_rows] f32 = for each row r and output o: sum_i w[o][i] * x[r][i].
  * w [n_in, n_out] F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K (rows contiguous, e.g. in the mmap);

@@ -83,6 +83,7 @@ typedef struct dfl_hparams {
     int64_t mask_token_id; /* -1 if none */
     bool has_token_embd;   /* drafter ships its own token_embd */
     bool has_output;       /* drafter ships its own output head */
+    bool causal;           /* dflash.attention.causal (default false) */
 } dfl_hparams;
 
 const dfl_hparams *dfl_model_hparams(const dfl_model *model);

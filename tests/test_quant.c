@@ -223,15 +223,16 @@ TEST(quant_q4_0_hand) {
 TEST(quant_q4_K_hand) {
     /* sub-block scales and mins, 6 bits each; 4..7 use the high bits */
     static const int sc[8] = {1, 2, 3, 4, 17, 33, 48, 62};
-    static const int mn[8] = {5, 6, 7, 8, 19, 35, 50, 61};
+    static const int mn[8] = {5, 6, 7, 8, 51, 3, 35, 20};
     block_q4_K b;
     b.d = 0x3c00;    /* 1.0 */
     b.dmin = 0x3800; /* 0.5 */
     /* bytes 0..3: sc[0..3] | (sc[4..7] >> 4) << 6   (17 -> hi 1, 33 -> 2, 48 -> 3, 62 -> 3)
-     * bytes 4..7: mn[0..3] | (mn[4..7] >> 4) << 6   (19 -> hi 1, 35 -> 2, 50 -> 3, 61 -> 3)
-     * bytes 8..11: (sc[4..7] & 15) | (mn[4..7] & 15) << 4 */
-    static const uint8_t packed[12] = {0x41, 0x82, 0xC3, 0xC4, 0x45, 0x86, 0xC7, 0xC8,
-                                       0x31, 0x31, 0x20, 0xDE};
+     * bytes 4..7: mn[0..3] | (mn[4..7] >> 4) << 6   (51 -> hi 3, 3 -> 0, 35 -> 2, 20 -> 1)
+     * bytes 8..11: (sc[4..7] & 15) | (mn[4..7] & 15) << 4   (1|3, 1|3, 0|3, 14|4)
+     * (the high bits of scales and mins differ, so mixing up their source bytes shows) */
+    static const uint8_t packed[12] = {0x41, 0x82, 0xC3, 0xC4, 0xC5, 0x06, 0x87, 0x48,
+                                       0x31, 0x31, 0x30, 0x4E};
     memcpy(b.scales, packed, 12);
     for (int i = 0; i < 128; i++) b.qs[i] = (uint8_t)((i & 15) | ((15 - (i & 15)) << 4));
     float y[256];
@@ -245,7 +246,8 @@ TEST(quant_q4_K_hand) {
             CHECK_MSG(got == want, "sub-block %d l %d: %g != %g", j, l, got, want);
         }
     }
-    CHECK(y[7 * 32 + 1] == 62.0f * 14.0f - 30.5f); /* last sub-block: sc 62, min 61, nibble 14 */
+    CHECK(y[7 * 32 + 1] == 858.0f); /* last sub-block: sc 62, min 20, nibble 14: 868 - 10 */
+    CHECK(y[4 * 32 + 0] == -25.5f); /* sub-block 4: sc 17, min 51, nibble 0 */
 }
 
 TEST(quant_q6_K_hand) {

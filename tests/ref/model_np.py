@@ -21,7 +21,8 @@ quant_np and then widened, so quantized files are compared on identical weight v
 
 Conventions: a weight with GGUF ne=[n_in, n_out] is a numpy (n_out, n_in) array, y = x @ W.T.
 Activations are (n_tokens, ...) row-major. RoPE: NEOX (pairs (i, i+n_rot/2)) for qwen3 and the
-drafter; llama uses llama.cpp's NORM mode (adjacent pairs (2i, 2i+1)), see rope().
+drafter; llama uses llama.cpp's NORM mode (adjacent pairs (2i, 2i+1)) by default, because real
+llama GGUFs are converted for it (SPEC.md says NEOX for both; Target(rope_mode=...) overrides).
 """
 
 import numpy as np
@@ -296,7 +297,9 @@ class ForwardResult:
 class Target:
     ARCHS = {"qwen3": (True, ROPE_NEOX), "llama": (False, ROPE_NORM)}
 
-    def __init__(self, path, dtype=np.float64):
+    def __init__(self, path, dtype=np.float64, rope_mode=None):
+        """rope_mode: None = by arch as llama.cpp does (qwen3 NEOX, llama NORM), or force
+        ROPE_NEOX / ROPE_NORM."""
         g = self.g = GGUF(path)
         self.dtype = dtype
         arch = g.kv.get("general.architecture")
@@ -304,6 +307,10 @@ class Target:
             raise ModelError("%s: general.architecture %r is not a target arch (qwen3, llama)" % (path, arch))
         self.arch = arch
         qk_norm, self.rope_mode = self.ARCHS[arch]
+        if rope_mode is not None:
+            if rope_mode not in (ROPE_NEOX, ROPE_NORM):
+                raise ModelError("rope mode %r: expected %r or %r" % (rope_mode, ROPE_NEOX, ROPE_NORM))
+            self.rope_mode = rope_mode
         hp = self.hp = HParams(g, arch)
         if not g.has("token_embd.weight"):
             raise ModelError("%s: missing tensor 'token_embd.weight'" % path)

@@ -7,6 +7,7 @@ Prints ONE JSON object on stdout; exit 0 on success, 1 on a bad file/token/runti
 
 Common options:
   --dtype f64|f32       compute precision (default f64)
+  --rope auto|neox|norm target RoPE pairing (default auto: qwen3 neox, llama norm as llama.cpp)
   --top-k K             print the top K ids/values per logits row instead of the full rows
   --out PATH            also write the full array: PATH ending in .npy -> numpy .npy (float32),
                         anything else -> raw little-endian float32, row-major [n_rows, n_cols]
@@ -104,8 +105,12 @@ def positions_of(args, n):
     return np.array(p)
 
 
+def load_target(path, args):
+    return M.Target(path, dtype_of(args), None if args.rope == "auto" else args.rope)
+
+
 def cmd_logits(args):
-    t = M.Target(args.model, dtype_of(args))
+    t = load_target(args.model, args)
     toks = parse_ints(args.tokens, "--tokens")
     pos = positions_of(args, len(toks))
     sizes = parse_ints(args.split, "--split") if args.split else [len(toks)]
@@ -125,14 +130,14 @@ def cmd_logits(args):
 
 
 def cmd_greedy(args):
-    t = M.Target(args.model, dtype_of(args))
+    t = load_target(args.model, args)
     if args.n < 0:
         raise CliError("-n must be >= 0")
     return {"tokens": t.greedy(parse_ints(args.tokens, "--tokens"), args.n)}
 
 
 def cmd_features(args):
-    t = M.Target(args.model, dtype_of(args))
+    t = load_target(args.model, args)
     toks = parse_ints(args.tokens, "--tokens")
     layers = parse_ints(args.layers, "--layers")
     for L in layers:
@@ -151,7 +156,7 @@ def cmd_features(args):
 
 
 def load_pair(args):
-    t = M.Target(args.target, dtype_of(args))
+    t = load_target(args.target, args)
     return t, M.Drafter(args.drafter, t, dtype_of(args))
 
 
@@ -202,6 +207,7 @@ def main(argv):
             p.add_argument("--model", required=True)
         p.add_argument("--tokens", required=True)
         p.add_argument("--dtype", choices=("f64", "f32"), default="f64")
+        p.add_argument("--rope", choices=("auto", "neox", "norm"), default="auto")
         p.add_argument("--top-k", type=int, default=0)
         p.add_argument("--out")
         return p

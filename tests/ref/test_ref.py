@@ -402,6 +402,10 @@ class TestTarget(unittest.TestCase):
             np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9, err_msg=name)
         self.assertTrue(M.Target(Files.path("target_tied.gguf")).tied)
         self.assertEqual(M.Target(Files.path("target_llama.gguf")).rope_mode, M.ROPE_NORM)
+        self.assertEqual(M.Target(Files.path("target.gguf")).rope_mode, M.ROPE_NEOX)
+        t = M.Target(Files.path("target_llama.gguf"), rope_mode=M.ROPE_NEOX)
+        np.testing.assert_allclose(t.forward([1, 2, 3], logits="all").logits, naive_target_logits(t, [1, 2, 3]),
+                                   rtol=1e-9, atol=1e-9)
 
     def test_batched_equals_token_by_token(self):
         t = M.Target(Files.path("target.gguf"))
@@ -653,6 +657,12 @@ class TestCLI(unittest.TestCase):
         self.run_cli("nosuchcmd", ok=False)
         self.run_cli("features", "--model", T, "--tokens", "1", "--layers", "9", ok=False)
         self.run_cli("spec", "--target", T, "--drafter", T, "--tokens", "1", "-n", "3", ok=False)
+
+    def test_rope_option(self):
+        llama = Files.path("target_llama.gguf")
+        a = self.run_cli("logits", "--model", llama, "--tokens", "1,2,3")["logits"]
+        b = self.run_cli("logits", "--model", llama, "--tokens", "1,2,3", "--rope", "neox")["logits"]
+        self.assertGreater(np.abs(np.array(a) - np.array(b)).max(), 1e-6)
 
 
 class TestDflashTestModel(unittest.TestCase):

@@ -46,8 +46,8 @@ def _f16(a):
 
 
 def dequantize(ggml_type, raw, n):
-    """Dequantizes the first n elements stored in raw (bytes) to a float32 array [n]."""
-    raw = bytes(raw)
+    """Dequantizes the first n elements stored in raw (bytes or any buffer, e.g. a slice of a
+    memory-mapped GGUF; not copied) to a new float32 array [n]."""
     if ggml_type == F32:
         return np.frombuffer(raw, dtype="<f4", count=n).astype(np.float32)
     if ggml_type == F16:

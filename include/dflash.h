@@ -61,6 +61,57 @@ dfl_model_params dfl_model_default_params(void);
 dfl_model *dfl_model_load(const char *path, const dfl_model_params *params, dfl_error *err);
 void dfl_model_free(dfl_model *model);
 
+/* ---- contexts --------------------------------------------------------------------------- */
+
+/* A context: the mutable state of inference over one model (KV cache for n_seq sequences of up
+ * to n_ctx positions, scratch, a backend queue). All memory is allocated by dfl_context_new for
+ * the worst case; decoding does not allocate. */
+typedef struct dfl_context dfl_context;
+typedef struct dfl_batch dfl_batch;
+
+typedef struct dfl_context_params {
+    int64_t n_ctx;          /* positions per sequence; 0: min(n_ctx_train, 4096) */
+    int32_t n_seq;          /* sequences (default 1) */
+    int64_t n_batch;        /* most entries one dfl_decode call accepts (default 512) */
+    int64_t n_ubatch;       /* most entries one forward pass computes (default 512, <= n_batch) */
+    int64_t n_outputs;      /* most entries with output per call; 0: min(n_batch, 64) */
+    int32_t n_threads;      /* threads for single-token decode; <= 0: all cores */
+    int32_t n_threads_batch;/* threads for batches; <= 0: all cores */
+    bool kv_f32;            /* KV cache in f32 (default f16, like llama.cpp) */
+    bool async;             /* the context's queue runs on a worker thread */
+    /* the backend (thread pool) of another context to share; NULL: create one */
+    dfl_context *share_backend;
+    /* layer-input ids whose hidden states are captured for every token of every batch
+     * (id L = residual stream entering layer L; id n_layer = the last layer's output) */
+    int32_t n_capture;
+    const int32_t *capture_layers;
+} dfl_context_params;
+
+dfl_context_params dfl_context_default_params(void);
+/* NULL + err on an invalid parameter or when memory cannot be allocated. */
+dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params, dfl_error *err);
+void dfl_context_free(dfl_context *ctx);
+
+/* Evaluates a batch: appends its tokens to their sequences' KV cache and computes logits for the
+ * entries with output set. The batch is validated first (DFL_ERR_INVALID / DFL_ERR_CTX_FULL with
+ * a message naming the entry); on any error nothing of the batch is applied. */
+dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err);
+/* Logits [n_vocab] of entry i of the last decoded batch; NULL if i had no output. */
+const float *dfl_get_logits(const dfl_context *ctx, int64_t i);
+/* Captured layer inputs of entry i of the last batch: [n_capture * n_embd] floats, in the
+ * capture_layers order; NULL without capture. */
+const float *dfl_get_features(const dfl_context *ctx, int64_t i);
+int64_t dfl_n_vocab(const dfl_context *ctx);
+int64_t dfl_n_ctx(const dfl_context *ctx);
+int32_t dfl_n_seq(const dfl_context *ctx);
+/* Positions stored for seq (its next position). */
+int64_t dfl_seq_len(const dfl_context *ctx, int32_t seq);
+/* Removes positions >= p0 of seq (p0 <= 0: all). */
+dfl_status dfl_seq_remove(dfl_context *ctx, int32_t seq, int64_t p0, dfl_error *err);
+/* Makes dst a copy of src (its KV cells and length). */
+dfl_status dfl_seq_copy(dfl_context *ctx, int32_t src, int32_t dst, dfl_error *err);
+const dfl_model *dfl_context_model(const dfl_context *ctx);
+
 /* Hyperparameters of a loaded model. */
 typedef struct dfl_hparams {
     dfl_arch arch;
@@ -83,6 +134,7 @@ typedef struct dfl_hparams {
     int64_t mask_token_id; /* -1 if none */
     bool has_token_embd;   /* drafter ships its own token_embd */
     bool has_output;       /* drafter ships its own output head */
+    bool causal;           /* dflash.attention.causal (default false) */
 } dfl_hparams;
 
 const dfl_hparams *dfl_model_hparams(const dfl_model *model);

@@ -10,7 +10,7 @@ OPT     ?= -O2
 CFLAGS_BASE = -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wvla \
               -D_GNU_SOURCE -fPIC -Iinclude -Isrc -pthread
 CFLAGS  ?= $(OPT) -g
-ALL_CFLAGS = $(CFLAGS_BASE) $(CFLAGS) $(EXTRA_CFLAGS) -MMD -MP
+ALL_CFLAGS = $(CFLAGS_BASE) $(CFLAGS) $(EXTRA_CFLAGS) -MMD -MP -DDFLASH_MODEL_DIR=\"$(abspath models)\"
 LDLIBS  = -lm -lpthread -lpcre2-8
 VERSION = 0.1.0
 
@@ -69,8 +69,12 @@ deps:
 	sh tools/install-deps.sh
 
 # The README's two commands.
+# `make check`: everything CI runs (the plain suite, then ASan+UBSan, then TSan on the threaded tests).
+TSAN_TESTS ?= thread async pool queue event
 check: deps
 	$(MAKE) test
+	$(MAKE) asan
+	$(MAKE) tsan T="$(TSAN_TESTS)"
 run: deps
 	$(MAKE) all
 	./$(BUILD)/dflash --version

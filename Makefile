@@ -69,8 +69,12 @@ deps:
 	sh tools/install-deps.sh
 
 # The README's two commands.
+# `make check`: everything CI runs (the plain suite, then ASan+UBSan, then TSan on the threaded tests).
+TSAN_TESTS ?= thread async pool queue event
 check: deps
 	$(MAKE) test
+	$(MAKE) asan
+	$(MAKE) tsan T="$(TSAN_TESTS)"
 run: deps
 	$(MAKE) all
 	./$(BUILD)/dflash --version

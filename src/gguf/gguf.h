@@ -27,6 +27,11 @@ typedef enum gguf_type {
 } gguf_type;
 
 const char *gguf_type_name(gguf_type type);
+/* Bytes of one value of a fixed-size type (u8 .. f64, bool); 0 for STRING, ARRAY and unknown. */
+uint64_t gguf_type_size(gguf_type type);
+
+/* Deepest nesting of arrays the reader accepts (an array of arrays is depth 2). */
+#define GGUF_MAX_ARRAY_DEPTH 8
 
 /* A string inside the mapping (not NUL-terminated). */
 typedef struct gguf_str {
@@ -52,7 +57,8 @@ typedef struct gguf_kv {
     uint64_t arr_n;          /* element count (validated against the file) */
     const uint8_t *arr_data; /* first element's bytes in the mapping */
     uint64_t arr_bytes;      /* bytes of all elements */
-    const uint64_t *arr_str_off; /* STRING arrays: offset of element i from arr_data (an index built at open) */
+    const uint64_t *arr_str_off; /* STRING arrays: offset of element i from arr_data (an index built at open;
+                                  * NULL for arrays nested in arrays, whose access walks the elements) */
 } gguf_kv;
 
 typedef struct gguf_tensor {
@@ -92,6 +98,9 @@ const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name); /* NU
  * key, expected and found type in err) if the type is wrong. Integer getters accept every integer
  * width (and bool) and fail if the value does not fit. */
 dfl_status gguf_get_int(const gguf_file *f, const char *key, int64_t *out, dfl_error *err);
+/* gguf_get_int, then DFL_ERR_MISMATCH (naming the key, value and range) unless lo <= value <= hi. */
+dfl_status gguf_get_int_range(const gguf_file *f, const char *key, int64_t lo, int64_t hi,
+                              int64_t *out, dfl_error *err);
 dfl_status gguf_get_float(const gguf_file *f, const char *key, double *out, dfl_error *err); /* f32, f64 or integer */
 dfl_status gguf_get_bool(const gguf_file *f, const char *key, bool *out, dfl_error *err);
 dfl_status gguf_get_str(const gguf_file *f, const char *key, gguf_str *out, dfl_error *err);
@@ -103,6 +112,10 @@ dfl_status gguf_get_arr(const gguf_file *f, const char *key, gguf_type elem_type
 bool gguf_arr_int(const gguf_kv *kv, uint64_t i, int64_t *out);   /* any integer element type */
 bool gguf_arr_float(const gguf_kv *kv, uint64_t i, double *out);  /* f32/f64 elements */
 bool gguf_arr_str(const gguf_kv *kv, uint64_t i, gguf_str *out);  /* STRING elements */
+/* Element i of an array of arrays, as an ARRAY kv (same key and offset as the parent). */
+bool gguf_arr_sub(const gguf_kv *kv, uint64_t i, gguf_kv *out);
+/* Name of the file for messages (the path, or "<memory>"). */
+const char *gguf_label(const gguf_file *f);
 
 /* ---- writer ----------------------------------------------------------------------------- */
 
@@ -123,11 +136,28 @@ void gguf_writer_set_arr_f32(gguf_writer *w, const char *key, const float *v, si
 /* n strings of lengths lens[i] (lens NULL: NUL-terminated). */
 void gguf_writer_set_arr_str(gguf_writer *w, const char *key, const char *const *v,
                              const size_t *lens, size_t n);
+/* The remaining scalar widths. */
+void gguf_writer_set_i8(gguf_writer *w, const char *key, int8_t v);
+void gguf_writer_set_u16(gguf_writer *w, const char *key, uint16_t v);
+void gguf_writer_set_i16(gguf_writer *w, const char *key, int16_t v);
+void gguf_writer_set_i64(gguf_writer *w, const char *key, int64_t v);
+void gguf_writer_set_f64(gguf_writer *w, const char *key, double v);
+/* An array of n fixed-size elements (elem_type u8 .. f64 or bool) from host values of that C
+ * type (uint8_t, int8_t, ..., float, bool, ..., double). */
+void gguf_writer_set_arr_num(gguf_writer *w, const char *key, gguf_type elem_type, const void *v,
+                             size_t n);
+/* An array of n elements of any type given as their serialized GGUF bytes (used for arrays of
+ * arrays: each element is `u32 elem_type, u64 count, elements`). The bytes are copied as is. */
+void gguf_writer_set_arr_raw(gguf_writer *w, const char *key, gguf_type elem_type, uint64_t n,
+                             const void *bytes, size_t nbytes);
 /* Adds a tensor. The data is NOT copied: it must stay valid until gguf_writer_write returns.
- * nbytes must equal the row size of the type times the row count. */
+ * nbytes must equal the row size of the type times the row count. The name must be 1..63 bytes
+ * (llama.cpp's limit) and unique. Errors are also kept and reported again by gguf_writer_write. */
 dfl_status gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                                   const int64_t *ne, const void *data, size_t nbytes, dfl_error *err);
-/* Writes the file (header, KVs, tensor infos, aligned data). */
+/* Writes the file (header, KVs in insertion order, tensor infos, data aligned to 32 or to a
+ * u32 `general.alignment` the caller set). Reports the first error of any earlier setter
+ * (out of memory, bad argument). A partly written file is removed. */
 dfl_status gguf_writer_write(gguf_writer *w, const char *path, dfl_error *err);
 
 #endif

@@ -1,0 +1,54 @@
+/* model.h: a loaded model (target qwen3/llama or dflash drafter): hparams and every weight bound
+ * by name to a tensor inside the GGUF mapping, with type and shape checked at load. */
+#ifndef DFL_MODEL_H
+#define DFL_MODEL_H
+
+#include "dflash.h"
+#include "gguf/gguf.h"
+
+#define MODEL_MAX_LAYERS 512
+
+/* One transformer block's weights (ggml shapes, ne[0] = input dim). */
+typedef struct model_layer {
+    const gguf_tensor *attn_norm;   /* [n_embd] f32 */
+    const gguf_tensor *wq;          /* [n_embd, n_head*head_dim_k] */
+    const gguf_tensor *wk;          /* [n_embd, n_head_kv*head_dim_k] */
+    const gguf_tensor *wv;          /* [n_embd, n_head_kv*head_dim_v] */
+    const gguf_tensor *wo;          /* [n_head*head_dim_v, n_embd] */
+    const gguf_tensor *q_norm;      /* [head_dim_k] f32, qwen3/dflash only (NULL for llama) */
+    const gguf_tensor *k_norm;      /* [head_dim_k] f32, qwen3/dflash only (NULL for llama) */
+    const gguf_tensor *ffn_norm;    /* [n_embd] f32 */
+    const gguf_tensor *ffn_gate;    /* [n_embd, n_ff] */
+    const gguf_tensor *ffn_up;      /* [n_embd, n_ff] */
+    const gguf_tensor *ffn_down;    /* [n_ff, n_embd] */
+} model_layer;
+
+/* Drafter-only settings (SPEC section 3). */
+typedef struct model_dflash {
+    bool causal;                    /* dflash.attention.causal (default false: non-causal block) */
+    int64_t sliding_window;         /* 0 = none */
+    int64_t sliding_window_pattern; /* every n-th layer is full attention; 0 = all sliding */
+    float logit_scale;              /* 1.0 if absent */
+    float final_logit_softcapping;  /* 0 = none */
+    bool sample_from_anchor;        /* DSpark */
+} model_dflash;
+
+struct dfl_model {
+    char *path;
+    gguf_file *gguf;
+    dfl_hparams hp;
+    model_dflash dflash;
+    const gguf_tensor *token_embd;      /* [n_embd, n_vocab]; NULL for a drafter without one */
+    const gguf_tensor *output_norm;     /* [n_embd] f32 */
+    const gguf_tensor *output;          /* [n_embd, n_vocab]; == token_embd when tied; NULL for a drafter without one */
+    const gguf_tensor *fc;              /* drafter: [n_target_layers*n_embd, n_embd] */
+    const gguf_tensor *enc_output_norm; /* drafter: [n_embd] f32 (the fusion norm) */
+    model_layer *layers;                /* [n_layer] */
+    uint64_t n_params;                  /* elements of all tensors */
+    uint64_t n_bytes;                   /* bytes of all tensors */
+};
+
+/* The GGUF file under a model (for the vocabulary and inspection). */
+const gguf_file *model_gguf(const dfl_model *model);
+
+#endif

@@ -7,8 +7,10 @@ it writes; they always run on files from the small GGUF writer below (tests only
 tensors, every KV type) so the reference is testable on its own.
 """
 
+import atexit
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -27,6 +29,14 @@ import model_np as M  # noqa: E402
 from gguf_np import GGUF, GGUFError  # noqa: E402
 
 PY = "/usr/bin/python3"
+_TMP = tempfile.mkdtemp(prefix="dflash_ref_")
+atexit.register(shutil.rmtree, _TMP, True)
+
+
+def tmpdir():
+    """A fresh directory under this run's temp root (removed at exit)."""
+    return tempfile.mkdtemp(dir=_TMP)
+
 CLI = os.path.join(HERE, "ref_cli.py")
 
 # ---------------------------------------------------------------------------------------------
@@ -251,7 +261,7 @@ class Files:
     @classmethod
     def get(cls):
         if cls.dir is None:
-            cls.dir = tempfile.mkdtemp(prefix="dflash_ref_")
+            cls.dir = tmpdir()
             d = cls.dir
             make_target(os.path.join(d, "target.gguf"))
             make_target(os.path.join(d, "target_tied.gguf"), seed=3, tied=True, n_head_kv=4)
@@ -272,7 +282,7 @@ class Files:
 
 class TestGGUF(unittest.TestCase):
     def test_all_kv_types_and_tensors(self):
-        p = os.path.join(tempfile.mkdtemp(), "kv.gguf")
+        p = os.path.join(tmpdir(), "kv.gguf")
         kvs = [("u8", 0, 250), ("i8", 1, -5), ("u16", 2, 65000), ("i16", 3, -30000), ("u32", 4, 4000000000),
                ("i32", 5, -2000000000), ("f32", 6, 1.5), ("bool", 7, 1), ("str", 8, "héllo"),
                ("u64", 10, 2 ** 63 + 5), ("i64", 11, -2 ** 62), ("f64", 12, 0.1),
@@ -315,7 +325,7 @@ class TestGGUF(unittest.TestCase):
             self.assertEqual(g.tensors[n].data_offset % 64, 0)
 
     def test_bad_files(self):
-        d = tempfile.mkdtemp()
+        d = tmpdir()
         good = os.path.join(d, "good.gguf")
         write_gguf(good, [("k", 8, "v")], [("t", np.ones((2, 32), np.float32), 0)])
         data = open(good, "rb").read()
@@ -556,7 +566,7 @@ class TestDrafter(unittest.TestCase):
         np.testing.assert_allclose(c.v[0][:3].reshape(3, -1), fused @ L.wv.T, rtol=1e-12)
 
     def test_bad_drafter_files(self):
-        d = tempfile.mkdtemp()
+        d = tmpdir()
         p = os.path.join(d, "bad.gguf")
         make_drafter(p, 64, [1, 9])  # layer 9 > n_layer 3
         with self.assertRaisesRegex(M.ModelError, "out of range"):
@@ -686,7 +696,7 @@ class TestDflashTestModel(unittest.TestCase):
         exe = os.path.join(ROOT, "build", "dflash")
         if not os.path.exists(exe):
             self.skipTest("build/dflash not built")
-        d = tempfile.mkdtemp()
+        d = tmpdir()
         p = subprocess.run([exe, "make-test-model", "-o", d, "--n-embd", "64", "--n-layer", "2", "--type", "f32"],
                            capture_output=True, text=True)
         if p.returncode != 0 or not os.path.exists(os.path.join(d, "target.gguf")):

@@ -81,6 +81,9 @@ typedef struct dfl_context_params {
     bool async;             /* the context's queue runs on a worker thread */
     /* the backend (thread pool) of another context to share; NULL: create one */
     dfl_context *share_backend;
+    /* a drafter context (arch dflash) REQUIRES its target context: it shares the target's
+     * backend, token embedding, output head (unless the drafter ships its own) and features */
+    dfl_context *target;
     /* layer-input ids whose hidden states are captured for every token of every batch
      * (id L = residual stream entering layer L; id n_layer = the last layer's output) */
     int32_t n_capture;
@@ -111,6 +114,63 @@ dfl_status dfl_seq_remove(dfl_context *ctx, int32_t seq, int64_t p0, dfl_error *
 /* Makes dst a copy of src (its KV cells and length). */
 dfl_status dfl_seq_copy(dfl_context *ctx, int32_t src, int32_t dst, dfl_error *err);
 const dfl_model *dfl_context_model(const dfl_context *ctx);
+
+/* ---- speculative decoding (DFlash) ------------------------------------------------------- */
+
+/* A speculative session over a target context and a drafter context (created with
+ * params.target = the target context, whose capture_layers are the drafter's target_layers).
+ * Each step drafts one block per active sequence in ONE drafter pass, verifies all of them in ONE
+ * target batch, keeps the longest correct prefix plus a bonus token, and rolls both caches back.
+ * Greedy output is bit-identical to the target's own greedy decoding; at temperature > 0 the
+ * rejection rule keeps the output distribution exactly the target's. */
+typedef struct dfl_spec dfl_spec;
+
+typedef enum dfl_feature_path {
+    DFL_FEATURES_DEVICE = 0, /* the drafter reads rows of the target's feature buffer in place */
+    DFL_FEATURES_HOST = 1,   /* features are copied through host memory */
+} dfl_feature_path;
+
+typedef struct dfl_spec_params {
+    int32_t n_draft;             /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
+    float temp;                  /* <= 0: greedy */
+    int32_t top_k;               /* target sampling transforms at temp > 0 (as dfl_sampler_params) */
+    float top_p;
+    float min_p;
+    uint64_t seed;
+    dfl_feature_path features;   /* default DFL_FEATURES_DEVICE */
+} dfl_spec_params;
+
+typedef struct dfl_spec_stats {
+    int64_t n_steps;             /* speculative steps (per sequence) */
+    int64_t n_drafted;           /* draft tokens proposed */
+    int64_t n_accepted;          /* draft tokens accepted */
+    int64_t accept_hist[65];     /* accept_hist[k]: steps that accepted exactly k draft tokens */
+    double t_draft_ms;           /* drafting (drafter block decode) */
+    double t_verify_ms;          /* target verification batches */
+    double t_inject_ms;          /* drafter feature injection */
+    double t_prefill_ms;         /* prompt processing (target + drafter injection) */
+    double t_other_ms;           /* acceptance and bookkeeping */
+    uint64_t feature_host_bytes; /* bytes of features copied through host memory */
+    int64_t n_prefill_tokens;
+} dfl_spec_stats;
+
+dfl_spec_params dfl_spec_default_params(void);
+dfl_spec *dfl_spec_new(dfl_context *target, dfl_context *drafter, const dfl_spec_params *params, dfl_error *err);
+void dfl_spec_free(dfl_spec *spec);
+/* Processes seq's prompt (target + drafter context) and returns the first generated token. The
+ * sequence must be empty in both contexts. */
+dfl_status dfl_spec_prefill(dfl_spec *spec, int32_t seq, const int32_t *prompt, int64_t n_prompt, int32_t *first,
+                            dfl_error *err);
+/* One speculative step for n sequences (each prefilled). tokens [n, n_draft+1] receives each
+ * sequence's newly committed tokens (accepted drafts, then the bonus), n_tokens [n] their count
+ * (1..n_draft+1). */
+dfl_status dfl_spec_step(dfl_spec *spec, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
+                         dfl_error *err);
+/* Forgets seq in both contexts (so it can be prefilled again). */
+void dfl_spec_seq_reset(dfl_spec *spec, int32_t seq);
+int32_t dfl_spec_n_draft(const dfl_spec *spec);
+dfl_spec_stats dfl_spec_get_stats(const dfl_spec *spec);
+const char *dfl_spec_feature_path_name(const dfl_spec *spec);
 
 /* Hyperparameters of a loaded model. */
 typedef struct dfl_hparams {

@@ -86,6 +86,10 @@ static size_t scratch_layout(dfl_context *ctx, backend_buffer *buf) {
     PLACE(bidx, QUANT_TYPE_I64, n, 1);
     PLACE(mask, QUANT_TYPE_F32, ctx->kv.n_ctx * n, 1);
     PLACE(embd_in, QUANT_TYPE_F32, hp->n_embd, n);
+    if (hp->arch == DFL_ARCH_DFLASH) {
+        PLACE(feat_in, QUANT_TYPE_F32, hp->n_target_layers * hp->n_embd, n);
+        PLACE(erow, QUANT_TYPE_I32, n, 1);
+    }
 #undef PLACE
     if (buf) {
         s->q = tensor_reshape_3d(&s->q, hp->n_embd_head_k, hp->n_head, n);
@@ -110,9 +114,62 @@ static dfl_status context_alloc_host(dfl_context *ctx, dfl_error *err) {
     ctx->seq_len_tmp = calloc((size_t)ctx->kv.n_seq, sizeof(int64_t));
     ctx->logits = calloc((size_t)ctx->n_vocab * (size_t)ctx->n_out_max, sizeof(float));
     ctx->out_of = calloc((size_t)ctx->params.n_batch, sizeof(int64_t));
+    if (ctx->model->hp.arch == DFL_ARCH_DFLASH) {
+        ctx->h_erow = calloc((size_t)n, sizeof(int32_t));
+        ctx->h_feat = calloc((size_t)(ctx->model->hp.n_target_layers * ctx->n_embd * n), sizeof(float));
+        ctx->blk_tok = calloc((size_t)n, sizeof(int32_t));
+        ctx->blk_pos = calloc((size_t)n, sizeof(int32_t));
+        ctx->blk_seq = calloc((size_t)n, sizeof(int32_t));
+        ctx->blk_out = calloc((size_t)n, sizeof(bool));
+        ctx->model_dflash_logit_scale = ctx->model->dflash.logit_scale;
+        if (!ctx->h_erow || !ctx->h_feat || !ctx->blk_tok || !ctx->blk_pos || !ctx->blk_seq || !ctx->blk_out) return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
+    }
     if (!ctx->h_ids || !ctx->h_pos || !ctx->h_cells || !ctx->h_rows || !ctx->h_bidx || !ctx->h_perm || !ctx->h_mask ||
         !ctx->h_embd || !ctx->groups || !ctx->seq_len_tmp || !ctx->logits || !ctx->out_of) {
         return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
+    }
+    return DFL_OK;
+}
+
+/* A drafter context needs a target context that fits it (SPEC section 3, issue: pairing). */
+static dfl_status drafter_check_target(const dfl_model *d, const dfl_context_params *p, dfl_error *err) {
+    const dfl_hparams *hp = &d->hp;
+    if (p->target == NULL) {
+        return error_set(err, DFL_ERR_INVALID, "%s: a drafter context needs its target context (params.target)", d->path);
+    }
+    const dfl_context *t = p->target;
+    const dfl_hparams *th = &t->model->hp;
+    if (th->arch == DFL_ARCH_DFLASH) return error_set(err, DFL_ERR_INVALID, "the target context is itself a drafter");
+    if (th->n_embd != hp->n_embd) {
+        return error_set(err, DFL_ERR_MISMATCH, "drafter n_embd %lld does not match the target's %lld",
+                         (long long)hp->n_embd, (long long)th->n_embd);
+    }
+    if (hp->has_token_embd && hp->n_vocab != th->n_vocab) {
+        return error_set(err, DFL_ERR_MISMATCH, "drafter vocabulary %lld does not match the target's %lld",
+                         (long long)hp->n_vocab, (long long)th->n_vocab);
+    }
+    if (hp->mask_token_id < 0 || hp->mask_token_id >= th->n_vocab) {
+        return error_set(err, DFL_ERR_MISSING, "drafter mask token id %lld is missing or outside the target's vocabulary "
+                         "(%lld tokens)", (long long)hp->mask_token_id, (long long)th->n_vocab);
+    }
+    for (int64_t j = 0; j < hp->n_target_layers; j++) {
+        if (hp->target_layers[j] < 1 || hp->target_layers[j] > th->n_layer) {
+            return error_set(err, DFL_ERR_MISMATCH, "drafter target_layers[%lld] = %d is outside 1..%lld (the target's layers)",
+                             (long long)j, hp->target_layers[j], (long long)th->n_layer);
+        }
+    }
+    if (t->n_capture != hp->n_target_layers) {
+        return error_set(err, DFL_ERR_INVALID, "the target context captures %d layer inputs; the drafter needs %lld",
+                         t->n_capture, (long long)hp->n_target_layers);
+    }
+    for (int64_t j = 0; j < hp->n_target_layers; j++) {
+        if (t->capture_layers[j] != hp->target_layers[j]) {
+            return error_set(err, DFL_ERR_INVALID, "the target context captures layer %d at slot %lld; the drafter needs %d",
+                             t->capture_layers[j], (long long)j, hp->target_layers[j]);
+        }
+    }
+    if (p->n_seq > t->kv.n_seq) {
+        return error_set(err, DFL_ERR_INVALID, "drafter n_seq %d exceeds the target's %lld", p->n_seq, (long long)t->kv.n_seq);
     }
     return DFL_OK;
 }
@@ -124,6 +181,7 @@ dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params,
     }
     dfl_context_params p = params ? *params : dfl_context_default_params();
     const dfl_hparams *hp = &model->hp;
+    if (p.n_ctx <= 0 && p.target != NULL) p.n_ctx = p.target->kv.n_ctx + hp->block_size; /* room for the block */
     if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     if (p.n_seq <= 0) p.n_seq = 1;
     if (p.n_batch <= 0) p.n_batch = 512;
@@ -155,6 +213,15 @@ dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params,
         error_set(err, DFL_ERR_MISSING, "%s: the model has no token embedding / output head", model->path);
         return NULL;
     }
+    if (hp->arch == DFL_ARCH_DFLASH && drafter_check_target(model, &p, err) != DFL_OK) return NULL;
+    if (hp->arch == DFL_ARCH_DFLASH && (model->dflash.final_logit_softcapping != 0.0f || model->dflash.sliding_window > 0 ||
+                                        model->dflash.sample_from_anchor)) {
+        error_set(err, DFL_ERR_UNSUPPORTED, "%s: drafter features not supported yet: %s", model->path,
+                  model->dflash.final_logit_softcapping != 0.0f ? "final_logit_softcapping"
+                  : model->dflash.sliding_window > 0           ? "sliding-window attention"
+                                                               : "sample_from_anchor");
+        return NULL;
+    }
     dfl_context *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL) {
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
@@ -165,11 +232,21 @@ dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params,
     ctx->n_ub = p.n_ubatch;
     ctx->n_out_max = p.n_outputs > 0 ? p.n_outputs : (p.n_batch < 64 ? p.n_batch : 64);
     if (ctx->n_out_max > p.n_batch) ctx->n_out_max = p.n_batch;
-    ctx->n_vocab = hp->n_vocab;
+    ctx->n_vocab = p.target ? p.target->n_vocab : hp->n_vocab;
+    ctx->target = p.target;
+    if (p.target) {
+        /* a drafter decodes one block of B slots per sequence at once */
+        const int64_t n_block = (int64_t)p.n_seq * hp->block_size;
+        if (ctx->n_ub < n_block) ctx->n_ub = n_block;
+        if (ctx->params.n_batch < n_block) ctx->params.n_batch = n_block;
+        if (ctx->n_out_max < (int64_t)p.n_seq * (hp->block_size - 1)) ctx->n_out_max = (int64_t)p.n_seq * (hp->block_size - 1);
+        p.share_backend = p.target;
+    }
     ctx->n_embd = hp->n_embd;
     ctx->n_capture = p.n_capture;
     for (int32_t j = 0; j < p.n_capture; j++) ctx->capture_layers[j] = p.capture_layers[j];
     ctx->params.capture_layers = NULL;
+    ctx->features_to_host = true;
 
     if (p.share_backend != NULL) {
         ctx->be = p.share_backend->be;
@@ -189,6 +266,11 @@ dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params,
         goto fail;
     }
     if (ctx_weights_bind(&ctx->w, model, err) != DFL_OK) goto fail;
+    if (p.target != NULL) {
+        /* the drafter uses the target's embedding and head unless it ships its own */
+        if (!ctx->w.has_token_embd) ctx->w.token_embd = p.target->w.token_embd;
+        if (!ctx->w.has_output) ctx->w.output = p.target->w.output;
+    }
     if (context_alloc_host(ctx, err) != DFL_OK) goto fail;
     ctx->s.buf = backend_buffer_alloc(ctx->be, scratch_layout(ctx, NULL), err);
     if (ctx->s.buf == NULL) goto fail;
@@ -221,7 +303,8 @@ void dfl_context_free(dfl_context *ctx) {
     if (ctx->own_backend && ctx->be) backend_free(ctx->be);
     free(ctx->h_ids); free(ctx->h_pos); free(ctx->h_cells); free(ctx->h_rows); free(ctx->h_bidx);
     free(ctx->h_perm); free(ctx->h_mask); free(ctx->h_embd); free(ctx->groups); free(ctx->seq_len_tmp);
-    free(ctx->logits); free(ctx->out_of); free(ctx->feat_host);
+    free(ctx->logits); free(ctx->out_of); free(ctx->feat_host); free(ctx->h_erow); free(ctx->h_feat);
+    free(ctx->blk_tok); free(ctx->blk_pos); free(ctx->blk_seq); free(ctx->blk_out);
     free(ctx);
 }
 
@@ -270,8 +353,9 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
         if (st != DFL_OK) return st;
         for (int64_t e = 0; e < ub.n_tokens; e++) n_out += ub.output[e] ? 1 : 0;
     }
-    if (ctx->n_capture > 0) {
+    if (ctx->n_capture > 0 && ctx->features_to_host) {
         const size_t width = (size_t)ctx->n_capture * (size_t)ctx->n_embd;
+        ctx->feature_host_bytes += width * (size_t)batch->n_tokens * sizeof(float);
         op_read(ctx->queue, ctx->feat_host, tensor_rows(&ctx->feat, 0, batch->n_tokens),
                 width * (size_t)batch->n_tokens * sizeof(float));
     }
@@ -287,7 +371,7 @@ const float *dfl_get_logits(const dfl_context *ctx, int64_t i) {
 }
 
 const float *dfl_get_features(const dfl_context *ctx, int64_t i) {
-    if (ctx == NULL || ctx->n_capture == 0 || i < 0 || i >= ctx->n_batch_last) return NULL;
+    if (ctx == NULL || ctx->n_capture == 0 || !ctx->features_to_host || i < 0 || i >= ctx->n_batch_last) return NULL;
     return ctx->feat_host + (size_t)i * (size_t)ctx->n_capture * (size_t)ctx->n_embd;
 }
 

@@ -47,6 +47,8 @@ typedef struct ctx_scratch {
     tensor bidx;    /* [n_ub] i64 batch index of each work row (capture scatter) */
     tensor mask;    /* [n_ctx * n_ub] f32: the masks of all sequence groups, packed */
     tensor embd_in; /* [n_embd, n_ub] f32 input embeddings (work order) */
+    tensor feat_in; /* drafter: [n_tl*n_embd, n_ub] f32 raw target features (work order) */
+    tensor erow;    /* drafter: [n_ub] i32 rows of the target's feature buffer (work order) */
 } ctx_scratch;
 
 /* A run of work rows of one sequence inside a micro-batch. */
@@ -92,10 +94,33 @@ struct dfl_context {
     tensor feat;              /* view of feat_buf */
     float *feat_host;         /* [n_capture*n_embd, n_batch] host copy (host path) */
     int64_t n_batch_last;     /* entries of the last decoded batch */
+    bool features_to_host;    /* copy the captured features to feat_host after each batch */
+    uint64_t feature_host_bytes; /* bytes of features copied through host memory so far */
+    /* drafter side */
+    dfl_context *target;      /* the target this drafter drafts for (NULL for a target) */
+    int32_t *h_erow;          /* [n_ub] */
+    float *h_feat;            /* [n_tl*n_embd, n_ub] host features (host path) */
+    int32_t *blk_tok;         /* [n_ub] the draft block's entries: token, position, sequence, output */
+    int32_t *blk_pos;
+    int32_t *blk_seq;
+    bool *blk_out;
+    float model_dflash_logit_scale;
 };
 
 /* forward.c: one micro-batch through the target model (rows already validated). */
 dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64_t n_out_before, dfl_error *err);
+
+/* drafter.c: the DFlash drafter (SPEC section 3). */
+/* Injects target features: each entry carries the raw features of one committed target token
+ * (an embedding of n_tl*n_embd floats: host path; or an embd row of the target's feature buffer:
+ * device path) at its position; fuses them (fc + rmsnorm) and writes every layer's K/V there. */
+dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err);
+/* Drafts one block per sequence: [last, MASK x (B-1)] at positions seq_len .. seq_len+B-1,
+ * non-causal over the injected context; writes n_draft (<= B-1) argmax tokens per sequence to
+ * out [n, n_draft] and, if logits_out is not NULL, their logits [n, n_draft, n_vocab]. The block's
+ * K/V are dropped afterwards. */
+dfl_status drafter_draft(dfl_context *d, int32_t n, const int32_t *seqs, const int32_t *last, int32_t n_draft,
+                         int32_t *out, float *logits_out, dfl_error *err);
 
 /* Binds the model's weights as backend tensors. */
 dfl_status ctx_weights_bind(ctx_weights *w, const dfl_model *model, dfl_error *err);

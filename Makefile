@@ -10,7 +10,7 @@ OPT     ?= -O2
 CFLAGS_BASE = -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wvla \
               -D_GNU_SOURCE -fPIC -Iinclude -Isrc -pthread
 CFLAGS  ?= $(OPT) -g
-ALL_CFLAGS = $(CFLAGS_BASE) $(CFLAGS) $(EXTRA_CFLAGS) -MMD -MP
+ALL_CFLAGS = $(CFLAGS_BASE) $(CFLAGS) $(EXTRA_CFLAGS) -MMD -MP -DDFLASH_MODEL_DIR=\"$(abspath models)\"
 LDLIBS  = -lm -lpthread -lpcre2-8
 VERSION = 0.1.0
 

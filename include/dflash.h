@@ -61,6 +61,122 @@ dfl_model_params dfl_model_default_params(void);
 dfl_model *dfl_model_load(const char *path, const dfl_model_params *params, dfl_error *err);
 void dfl_model_free(dfl_model *model);
 
+/* ---- contexts --------------------------------------------------------------------------- */
+
+/* A context: the mutable state of inference over one model (KV cache for n_seq sequences of up
+ * to n_ctx positions, scratch, a backend queue). All memory is allocated by dfl_context_new for
+ * the worst case; decoding does not allocate. */
+typedef struct dfl_context dfl_context;
+typedef struct dfl_batch dfl_batch;
+
+typedef struct dfl_context_params {
+    int64_t n_ctx;          /* positions per sequence; 0: min(n_ctx_train, 4096) */
+    int32_t n_seq;          /* sequences (default 1) */
+    int64_t n_batch;        /* most entries one dfl_decode call accepts (default 512) */
+    int64_t n_ubatch;       /* most entries one forward pass computes (default 512, <= n_batch) */
+    int64_t n_outputs;      /* most entries with output per call; 0: min(n_batch, 64) */
+    int32_t n_threads;      /* threads for single-token decode; <= 0: all cores */
+    int32_t n_threads_batch;/* threads for batches; <= 0: all cores */
+    bool kv_f32;            /* KV cache in f32 (default f16, like llama.cpp) */
+    bool async;             /* the context's queue runs on a worker thread */
+    /* the backend (thread pool) of another context to share; NULL: create one */
+    dfl_context *share_backend;
+    /* a drafter context (arch dflash) REQUIRES its target context: it shares the target's
+     * backend, token embedding, output head (unless the drafter ships its own) and features */
+    dfl_context *target;
+    /* layer-input ids whose hidden states are captured for every token of every batch
+     * (id L = residual stream entering layer L; id n_layer = the last layer's output) */
+    int32_t n_capture;
+    const int32_t *capture_layers;
+} dfl_context_params;
+
+dfl_context_params dfl_context_default_params(void);
+/* NULL + err on an invalid parameter or when memory cannot be allocated. */
+dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params, dfl_error *err);
+void dfl_context_free(dfl_context *ctx);
+
+/* Evaluates a batch: appends its tokens to their sequences' KV cache and computes logits for the
+ * entries with output set. The batch is validated first (DFL_ERR_INVALID / DFL_ERR_CTX_FULL with
+ * a message naming the entry); on any error nothing of the batch is applied. */
+dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err);
+/* Logits [n_vocab] of entry i of the last decoded batch; NULL if i had no output. */
+const float *dfl_get_logits(const dfl_context *ctx, int64_t i);
+/* Captured layer inputs of entry i of the last batch: [n_capture * n_embd] floats, in the
+ * capture_layers order; NULL without capture. */
+const float *dfl_get_features(const dfl_context *ctx, int64_t i);
+int64_t dfl_n_vocab(const dfl_context *ctx);
+int64_t dfl_n_ctx(const dfl_context *ctx);
+int32_t dfl_n_seq(const dfl_context *ctx);
+/* Positions stored for seq (its next position). */
+int64_t dfl_seq_len(const dfl_context *ctx, int32_t seq);
+/* Removes positions >= p0 of seq (p0 <= 0: all). */
+dfl_status dfl_seq_remove(dfl_context *ctx, int32_t seq, int64_t p0, dfl_error *err);
+/* Makes dst a copy of src (its KV cells and length). */
+dfl_status dfl_seq_copy(dfl_context *ctx, int32_t src, int32_t dst, dfl_error *err);
+const dfl_model *dfl_context_model(const dfl_context *ctx);
+
+/* ---- speculative decoding (DFlash) ------------------------------------------------------- */
+
+/* A speculative session over a target context and a drafter context (created with
+ * params.target = the target context, whose capture_layers are the drafter's target_layers).
+ * Each step drafts one block per active sequence in ONE drafter pass, verifies all of them in ONE
+ * target batch, keeps the longest correct prefix plus a bonus token, and rolls both caches back.
+ * Greedy output is bit-identical to the target's own greedy decoding; at temperature > 0 the
+ * rejection rule keeps the output distribution exactly the target's. */
+typedef struct dfl_spec dfl_spec;
+
+typedef enum dfl_feature_path {
+    DFL_FEATURES_DEVICE = 0, /* the drafter reads rows of the target's feature buffer in place */
+    DFL_FEATURES_HOST = 1,   /* features are copied through host memory */
+} dfl_feature_path;
+
+typedef struct dfl_spec_params {
+    int32_t n_draft;             /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
+    float temp;                  /* <= 0: greedy */
+    int32_t top_k;               /* target sampling transforms at temp > 0 (as dfl_sampler_params) */
+    float top_p;
+    float min_p;
+    uint64_t seed;
+    dfl_feature_path features;   /* default DFL_FEATURES_DEVICE */
+    /* optional: called after each drafter pass with a sequence's draft tokens, which it may
+     * replace (other drafting strategies; tests that force acceptance patterns). Output stays
+     * lossless whatever it writes, as long as the ids are inside the vocabulary. */
+    void (*draft_hook)(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
+    void *draft_hook_user;
+} dfl_spec_params;
+
+typedef struct dfl_spec_stats {
+    int64_t n_steps;             /* speculative steps (per sequence) */
+    int64_t n_drafted;           /* draft tokens proposed */
+    int64_t n_accepted;          /* draft tokens accepted */
+    int64_t accept_hist[65];     /* accept_hist[k]: steps that accepted exactly k draft tokens */
+    double t_draft_ms;           /* drafting (drafter block decode) */
+    double t_verify_ms;          /* target verification batches */
+    double t_inject_ms;          /* drafter feature injection */
+    double t_prefill_ms;         /* prompt processing (target + drafter injection) */
+    double t_other_ms;           /* acceptance and bookkeeping */
+    uint64_t feature_host_bytes; /* bytes of features copied through host memory */
+    int64_t n_prefill_tokens;
+} dfl_spec_stats;
+
+dfl_spec_params dfl_spec_default_params(void);
+dfl_spec *dfl_spec_new(dfl_context *target, dfl_context *drafter, const dfl_spec_params *params, dfl_error *err);
+void dfl_spec_free(dfl_spec *spec);
+/* Processes seq's prompt (target + drafter context) and returns the first generated token. The
+ * sequence must be empty in both contexts. */
+dfl_status dfl_spec_prefill(dfl_spec *spec, int32_t seq, const int32_t *prompt, int64_t n_prompt, int32_t *first,
+                            dfl_error *err);
+/* One speculative step for n sequences (each prefilled). tokens [n, n_draft+1] receives each
+ * sequence's newly committed tokens (accepted drafts, then the bonus), n_tokens [n] their count
+ * (1..n_draft+1). */
+dfl_status dfl_spec_step(dfl_spec *spec, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
+                         dfl_error *err);
+/* Forgets seq in both contexts (so it can be prefilled again). */
+void dfl_spec_seq_reset(dfl_spec *spec, int32_t seq);
+int32_t dfl_spec_n_draft(const dfl_spec *spec);
+dfl_spec_stats dfl_spec_get_stats(const dfl_spec *spec);
+const char *dfl_spec_feature_path_name(const dfl_spec *spec);
+
 /* Hyperparameters of a loaded model. */
 typedef struct dfl_hparams {
     dfl_arch arch;
@@ -88,6 +204,90 @@ typedef struct dfl_hparams {
 
 const dfl_hparams *dfl_model_hparams(const dfl_model *model);
 const char *dfl_arch_name(dfl_arch arch);
+
+/* ---- batch ------------------------------------------------------------------------------ */
+
+/* A batch: a table of entries, one row per token slot (like llama.cpp's llama_batch).
+ * Each entry carries a token id, an embedding, or both ("mixed"), optionally a state embedding,
+ * OR an embd row (its input is row `embd_row` of the other context's feature buffer, SPEC
+ * section 4). All memory is allocated by dfl_batch_init for n_tokens_max entries; adding never
+ * allocates. The arrays are public and may be filled directly; a context validates the whole
+ * batch before it changes anything (an invalid batch is rejected with a message naming the
+ * entry, and nothing is half-applied). */
+#define DFL_TOKEN_NULL (-1) /* token[i] when entry i has no token id */
+
+typedef struct dfl_batch {
+    int64_t n_tokens;       /* entries in use */
+    int64_t n_tokens_max;   /* capacity */
+    int64_t n_embd;         /* floats per embedding and per state embedding (0: none allowed) */
+    int64_t n_pos_sections; /* 1 (plain RoPE) or 4 (M-RoPE) */
+    int32_t *token;    /* [n_tokens_max]                  | token id or DFL_TOKEN_NULL */
+    float   *embd;     /* [n_tokens_max, n_embd]          | entry i at embd + i*n_embd (copied in) */
+    bool    *has_embd; /* [n_tokens_max]                  | embd of entry i is set */
+    int32_t *pos;      /* [n_tokens_max, n_pos_sections]  | entry i section s at pos[i*n_pos_sections + s] */
+    int32_t *seq_id;   /* [n_tokens_max]                  | sequence of entry i */
+    bool    *output;   /* [n_tokens_max]                  | compute logits/outputs for entry i */
+    int32_t *embd_row; /* [n_tokens_max]                  | row of the other context's feature buffer, -1 if none */
+    float   *state;    /* [n_tokens_max, n_embd]          | state embedding of entry i (copied in) */
+    bool    *has_state;/* [n_tokens_max]                  | state of entry i is set */
+} dfl_batch;
+
+/* Allocates a batch for up to n_tokens_max entries with embeddings of n_embd floats (0 if the
+ * batch carries only token ids / embd rows) and n_pos_sections (1 or 4) positions per entry.
+ * Returns NULL and fills err (may be NULL) on a bad argument or a failed allocation. */
+dfl_batch *dfl_batch_init(int64_t n_tokens_max, int64_t n_embd, int64_t n_pos_sections, dfl_error *err);
+void dfl_batch_free(dfl_batch *batch);
+/* Removes all entries (keeps the memory). */
+void dfl_batch_clear(dfl_batch *batch);
+
+/* The adders append one entry and return its index, or a negative status:
+ * -DFL_ERR_CTX_FULL when the batch already holds n_tokens_max entries, -DFL_ERR_INVALID for a
+ * NULL pointer, an embedding in a batch created with n_embd == 0, or a negative embd row.
+ * pos points to n_pos_sections positions. Values (token range, positions ...) are checked when
+ * the batch is submitted, not here. */
+int32_t dfl_batch_add_token(dfl_batch *batch, int32_t token, const int32_t *pos, int32_t seq_id, bool output);
+int32_t dfl_batch_add_embd(dfl_batch *batch, const float *embd, const int32_t *pos, int32_t seq_id, bool output);
+/* A "mixed" entry: token id and embedding together. */
+int32_t dfl_batch_add_token_embd(dfl_batch *batch, int32_t token, const float *embd, const int32_t *pos,
+                                 int32_t seq_id, bool output);
+/* An entry whose input is row `row` of the other context's feature buffer. */
+int32_t dfl_batch_add_embd_row(dfl_batch *batch, int32_t row, const int32_t *pos, int32_t seq_id, bool output);
+/* Sets the state embedding (n_embd floats, copied) of entry idx. DFL_ERR_INVALID on a bad idx,
+ * a NULL state or a batch with n_embd == 0. */
+dfl_status dfl_batch_set_state(dfl_batch *batch, int64_t idx, const float *state);
+
+/* ---- sampler ---------------------------------------------------------------------------- */
+
+/* Token sampling. The transforms run in llama.cpp's default-chain order:
+ *   repetition penalty -> top-k -> top-p -> min-p -> temperature -> softmax -> draw.
+ * top-p and min-p therefore act on the temperature-1 distribution. temp <= 0 is greedy: argmax
+ * of the (penalized) logits, the lowest id wins ties, no random number is used. The random
+ * numbers come from the sampler's own seeded generator (xoshiro256**): the same seed and inputs
+ * give the same tokens. All scratch memory is allocated by dfl_sampler_new. */
+typedef struct dfl_sampler_params {
+    float temp;             /* <= 0: greedy */
+    int32_t top_k;          /* keep the k most likely tokens; <= 0: off */
+    float top_p;            /* keep the smallest top set with mass >= top_p, in [0, 1]; 1: off */
+    float min_p;            /* keep tokens with p >= min_p * p_max, in [0, 1]; 0: off */
+    float repeat_penalty;   /* > 0; 1: off. logit > 0 is divided by it, logit <= 0 multiplied */
+    int32_t repeat_last_n;  /* accepted tokens the penalty looks back on, >= 0; 0: off */
+    uint64_t seed;          /* seed of the generator */
+} dfl_sampler_params;
+
+typedef struct dfl_sampler dfl_sampler;
+
+/* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1, repeat_last_n 64, seed 0. */
+dfl_sampler_params dfl_sampler_default_params(void);
+/* Returns NULL and fills err (may be NULL) on an invalid parameter or a failed allocation. */
+dfl_sampler *dfl_sampler_new(const dfl_sampler_params *params, int64_t n_vocab, dfl_error *err);
+void dfl_sampler_free(dfl_sampler *sampler);
+/* Samples a token from n_vocab logits. Returns the token id, or -DFL_ERR_INVALID when a logit is
+ * NaN or +Inf or no logit is finite (-Inf logits are allowed: such tokens are never drawn). */
+int32_t dfl_sampler_sample(dfl_sampler *sampler, const float *logits);
+/* Appends a committed token to the repetition-penalty window. DFL_ERR_INVALID if out of range. */
+dfl_status dfl_sampler_accept(dfl_sampler *sampler, int32_t token);
+/* Empties the repetition window and restarts the generator from the seed. */
+void dfl_sampler_reset(dfl_sampler *sampler);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,131 @@
+/* context.h: the internals of a dfl_context: model, backend queue, KV cache, the scratch
+ * tensors of one forward pass (sized for n_ubatch rows at creation) and the host-side outputs. */
+#ifndef DFL_MODEL_CONTEXT_H
+#define DFL_MODEL_CONTEXT_H
+
+#include "backend/backend.h"
+#include "batch/batch.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+#define CONTEXT_MAX_CAPTURE 64
+
+/* Weights of the model as backend tensor views (zero-copy into the mmap on the CPU). */
+typedef struct ctx_layer_w {
+    tensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down;
+    bool has_qk_norm;
+} ctx_layer_w;
+
+typedef struct ctx_weights {
+    tensor token_embd;   /* [n_embd, n_vocab] */
+    tensor output_norm;  /* [n_embd] */
+    tensor output;       /* [n_embd, n_vocab] */
+    tensor fc;           /* drafter: [n_cap*n_embd, n_embd] */
+    tensor enc_norm;     /* drafter: [n_embd] */
+    bool has_token_embd, has_output;
+    ctx_layer_w *layers; /* [n_layer] */
+} ctx_weights;
+
+/* Scratch of one forward pass over up to n_ub rows (rows are in "work order": grouped by
+ * sequence, positions ascending; perm maps work row -> batch index). */
+typedef struct ctx_scratch {
+    backend_buffer *buf;
+    tensor x;       /* [n_embd, n_ub]   residual stream */
+    tensor h;       /* [n_embd, n_ub]   normed input of a sub-block */
+    tensor q;       /* [hd_k, n_head, n_ub] */
+    tensor k;       /* [hd_k, n_head_kv, n_ub] */
+    tensor v;       /* [hd_v, n_head_kv, n_ub] */
+    tensor att;     /* [hd_v, n_head, n_ub] attention output */
+    tensor gate;    /* [n_ff, n_ub] */
+    tensor up;      /* [n_ff, n_ub] */
+    tensor x_out;   /* [n_embd, n_out] rows gathered for the head */
+    tensor logits;  /* [n_vocab, n_out] */
+    tensor ids;     /* [n_ub] i32 token ids (work order) */
+    tensor pos;     /* [n_ub] i32 rope positions (work order) */
+    tensor cells;   /* [n_ub] i64 KV cells (work order) */
+    tensor rows;    /* [n_ub] i32 work rows of the outputs, in batch order */
+    tensor bidx;    /* [n_ub] i64 batch index of each work row (capture scatter) */
+    tensor mask;    /* [n_ctx * n_ub] f32: the masks of all sequence groups, packed */
+    tensor embd_in; /* [n_embd, n_ub] f32 input embeddings (work order) */
+    tensor feat_in; /* drafter: [n_tl*n_embd, n_ub] f32 raw target features (work order) */
+    tensor erow;    /* drafter: [n_ub] i32 rows of the target's feature buffer (work order) */
+} ctx_scratch;
+
+/* A run of work rows of one sequence inside a micro-batch. */
+typedef struct ctx_group {
+    int32_t seq;
+    int64_t r0, n;        /* work rows [r0, r0 + n) */
+    int64_t n_kv;         /* cells visible: [0, n_kv) of the sequence's region */
+    size_t mask_off;      /* float offset of its [n_kv, n] mask in scratch.mask */
+} ctx_group;
+
+struct dfl_context {
+    dfl_model *model;
+    dfl_context_params params;
+    backend *be;
+    bool own_backend;
+    backend_queue *queue;
+    kv_cache kv;
+    ctx_weights w;
+    ctx_scratch s;
+    int64_t n_ub;          /* rows per forward pass */
+    int64_t n_out_max;     /* output rows per decode call */
+    int64_t n_vocab;
+    int64_t n_embd;
+    /* host-side work arrays (allocated at creation) */
+    int32_t *h_ids;        /* [n_ub] */
+    int32_t *h_pos;        /* [n_ub] */
+    int64_t *h_cells;      /* [n_ub] */
+    int32_t *h_rows;       /* [n_ub] */
+    int64_t *h_bidx;       /* [n_ub] */
+    int64_t *h_perm;       /* [n_ub] work row -> ubatch entry */
+    float *h_mask;         /* [n_ctx * n_ub] */
+    float *h_embd;         /* [n_embd, n_ub] */
+    ctx_group *groups;     /* [n_ub] */
+    int64_t *seq_len_tmp;  /* [n_seq] */
+    /* outputs of the last decode */
+    float *logits;         /* [n_vocab, n_out_max] host */
+    int64_t *out_of;       /* [n_batch] batch index -> output row or -1 */
+    int64_t n_outputs;
+    /* feature capture (target side) */
+    int32_t n_capture;
+    int32_t capture_layers[CONTEXT_MAX_CAPTURE];
+    backend_buffer *feat_buf; /* [n_capture*n_embd, n_batch] f32 */
+    tensor feat;              /* view of feat_buf */
+    float *feat_host;         /* [n_capture*n_embd, n_batch] host copy (host path) */
+    int64_t n_batch_last;     /* entries of the last decoded batch */
+    bool features_to_host;    /* copy the captured features to feat_host after each batch */
+    uint64_t feature_host_bytes; /* bytes of features copied through host memory so far */
+    /* drafter side */
+    dfl_context *target;      /* the target this drafter drafts for (NULL for a target) */
+    int32_t *h_erow;          /* [n_ub] */
+    float *h_feat;            /* [n_tl*n_embd, n_ub] host features (host path) */
+    int32_t *blk_tok;         /* [n_ub] the draft block's entries: token, position, sequence, output */
+    int32_t *blk_pos;
+    int32_t *blk_seq;
+    bool *blk_out;
+    float model_dflash_logit_scale;
+};
+
+/* forward.c: one micro-batch through the target model (rows already validated). */
+dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64_t n_out_before, dfl_error *err);
+
+/* drafter.c: the DFlash drafter (SPEC section 3). */
+/* Injects target features: each entry carries the raw features of one committed target token
+ * (an embedding of n_tl*n_embd floats: host path; or an embd row of the target's feature buffer:
+ * device path) at its position; fuses them (fc + rmsnorm) and writes every layer's K/V there. */
+dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err);
+/* Drafts one block per sequence: [last, MASK x (B-1)] at positions seq_len .. seq_len+B-1,
+ * non-causal over the injected context; writes n_draft (<= B-1) argmax tokens per sequence to
+ * out [n, n_draft] and, if logits_out is not NULL, their logits [n, n_draft, n_vocab]. The block's
+ * K/V are dropped afterwards. */
+dfl_status drafter_draft(dfl_context *d, int32_t n, const int32_t *seqs, const int32_t *last, int32_t n_draft,
+                         int32_t *out, float *logits_out, dfl_error *err);
+
+/* Binds the model's weights as backend tensors. */
+dfl_status ctx_weights_bind(ctx_weights *w, const dfl_model *model, dfl_error *err);
+void ctx_weights_free(ctx_weights *w);
+/* A backend tensor view of a GGUF tensor inside the mapping. */
+tensor ctx_tensor_from_gguf(const gguf_tensor *t);
+
+#endif

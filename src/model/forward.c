@@ -1,0 +1,84 @@
+/* forward.c: the Qwen3 / Llama forward pass over one micro-batch (SPEC section 2), written once
+ * as per-layer code over backend ops enqueued on the context's queue:
+ *
+ *   x  = token_embd[ids]                                  (or the entries' embeddings)
+ *   per layer l:  [capture x if l is a captured layer-input id]
+ *     h  = rmsnorm(x) * attn_norm
+ *     q  = rmsnorm_per_head(Wq h) * q_norm ; k = rmsnorm_per_head(Wk h) * k_norm ; v = Wv h
+ *     q,k = rope_neox(q, k, pos)
+ *     K/V cache[cells] = k, v
+ *     a  = softmax(q K^T / sqrt(hd) + mask) V             (per sequence, GQA)
+ *     x  = x + Wo a
+ *     h  = rmsnorm(x) * ffn_norm
+ *     x  = x + Wdown(silu(Wgate h) * Wup h)
+ *   [capture x if n_layer is captured]
+ *   logits = Wout(rmsnorm(x[output rows]) * output_norm)
+ *
+ * Rows are processed in "work order": grouped by sequence (a stable counting sort of the
+ * micro-batch), so each sequence's queries attend to one contiguous range of its KV cells. */
+#include "model/context.h"
+#include "model/forward_common.h"
+#include "base/error.h"
+
+#include <math.h>
+#include <string.h>
+
+dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64_t n_out_before, dfl_error *err) {
+    (void)err;
+    ctx_scratch *s = &ctx->s;
+    backend_queue *q = ctx->queue;
+    const dfl_hparams *hp = &ctx->model->hp;
+    const int64_t n = ub->n_tokens;
+
+    /* 1. work order, groups, masks, inputs */
+    int64_t n_groups = fwd_plan_groups(ctx, ub, false);
+    int64_t n_out = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t e = ctx->h_perm[r]; /* ubatch entry of work row r */
+        ctx->h_ids[r] = ub->token[e] >= 0 ? ub->token[e] : 0;
+        ctx->h_pos[r] = ub->pos[e * ub->n_pos_sections];
+        ctx->h_cells[r] = kv_cell(&ctx->kv, ub->seq_id[e], ub->pos[e * ub->n_pos_sections]);
+        ctx->h_bidx[r] = ub->i0 + e;
+    }
+    /* output rows in batch order (so logits come out in batch order) */
+    for (int64_t e = 0; e < n; e++) {
+        if (!ub->output[e]) continue;
+        for (int64_t r = 0; r < n; r++) {
+            if (ctx->h_perm[r] == e) {
+                ctx->h_rows[n_out++] = (int32_t)r;
+                break;
+            }
+        }
+    }
+    fwd_upload_inputs(ctx, n, n_groups);
+
+    /* 2. input embeddings [n_embd, n] */
+    tensor x = tensor_rows(&s->x, 0, n);
+    fwd_embed_inputs(ctx, ub, &ctx->w.token_embd, x, n);
+
+    /* 3. layers */
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        fwd_capture(ctx, il, x, n);
+        fwd_attention_block(ctx, il, x, n, n_groups);
+        fwd_ffn_block(ctx, il, x, n);
+    }
+    fwd_capture(ctx, hp->n_layer, x, n);
+
+    /* 4. the head on the output rows */
+    if (n_out > 0) {
+        tensor rows = s->rows;
+        rows.ne[0] = n_out;
+        tensor x_out = tensor_rows(&s->x_out, 0, n_out);             /* [n_embd, n_out] */
+        op_get_rows(q, x_out, x, rows);
+        op_rmsnorm(q, x_out, x_out, &ctx->w.output_norm, hp->norm_eps);
+        tensor logits = tensor_rows(&s->logits, 0, n_out);           /* [n_vocab, n_out] */
+        op_matmul(q, logits, ctx->w.output, x_out);
+        op_read(q, ctx->logits + (size_t)n_out_before * (size_t)ctx->n_vocab, logits,
+                (size_t)n_out * (size_t)ctx->n_vocab * sizeof(float));
+    }
+    /* 5. the sequences grew */
+    for (int64_t g = 0; g < n_groups; g++) {
+        ctx->kv.seq_len[ctx->groups[g].seq] += ctx->groups[g].n;
+    }
+    return DFL_OK;
+}

@@ -1,0 +1,28 @@
+/* forward_common.h: the pieces of a forward pass shared by the target (forward.c) and the
+ * DFlash drafter: planning a micro-batch (work order, sequence groups, masks), uploading its
+ * inputs, embedding, capture of layer inputs, and the attention and FFN sub-blocks. */
+#ifndef DFL_MODEL_FORWARD_COMMON_H
+#define DFL_MODEL_FORWARD_COMMON_H
+
+#include "model/context.h"
+
+/* Sorts the micro-batch's entries by sequence (stable) into ctx->h_perm (work row -> entry),
+ * fills ctx->groups and the packed masks in ctx->h_mask. Causal: a query at position p sees the
+ * cells <= p of its sequence; non-causal (the drafter's block): every query sees all cells of
+ * its sequence up to the end of the micro-batch. Returns the number of groups. */
+int64_t fwd_plan_groups(dfl_context *ctx, const batch_ubatch *ub, bool non_causal);
+/* Enqueues the writes of ids, pos, cells, output rows, batch indices and masks. */
+void fwd_upload_inputs(dfl_context *ctx, int64_t n, int64_t n_groups);
+/* x [n_embd, n] = token_embd[ids] for token entries, the entry's embedding for the others. */
+void fwd_embed_inputs(dfl_context *ctx, const batch_ubatch *ub, const tensor *token_embd, tensor x, int64_t n);
+/* If layer-input id `id` is captured, scatter x's rows into the feature buffer at their batch index. */
+void fwd_capture(dfl_context *ctx, int64_t id, tensor x, int64_t n);
+/* x += Wo attention(rmsnorm(x) * attn_norm) for layer il; writes K/V at the rows' cells. */
+void fwd_attention_block(dfl_context *ctx, int64_t il, tensor x, int64_t n, int64_t n_groups);
+/* x += Wdown(silu(Wgate h) * Wup h), h = rmsnorm(x) * ffn_norm. */
+void fwd_ffn_block(dfl_context *ctx, int64_t il, tensor x, int64_t n);
+/* K/V of layer il from hidden rows h [n_embd, n] (no attn_norm), roped at pos, into the cache:
+ * the DFlash context injection (SPEC section 3 step 3) and the K/V part of the attention block. */
+void fwd_write_kv(dfl_context *ctx, int64_t il, tensor h, int64_t n);
+
+#endif

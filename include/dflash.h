@@ -203,6 +203,9 @@ typedef struct dfl_hparams {
 } dfl_hparams;
 
 const dfl_hparams *dfl_model_hparams(const dfl_model *model);
+/* Bytes and elements of all the model's tensors. */
+uint64_t dfl_model_n_bytes(const dfl_model *model);
+uint64_t dfl_model_n_params(const dfl_model *model);
 const char *dfl_arch_name(dfl_arch arch);
 
 /* ---- batch ------------------------------------------------------------------------------ */

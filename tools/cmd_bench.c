@@ -209,7 +209,7 @@ static bool bench_spec(bench *b, const int32_t *prompt, int64_t n_prompt) {
     double split[2][4] = {{0}};
     bool ok = t_ar && t_sp[0] && t_sp[1];
     for (int r = 0; r <= b->reps && ok; r++) {
-        double ms;
+        double ms = 0;
         ok = gen_ar(b, prompt, n_prompt, &ms);
         if (r > 0) t_ar[r - 1] = ms;
         for (int f = 0; f < 2 && ok; f++) {

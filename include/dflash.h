@@ -138,6 +138,11 @@ typedef struct dfl_spec_params {
     float min_p;
     uint64_t seed;
     dfl_feature_path features;   /* default DFL_FEATURES_DEVICE */
+    /* optional: called after each drafter pass with a sequence's draft tokens, which it may
+     * replace (other drafting strategies; tests that force acceptance patterns). Output stays
+     * lossless whatever it writes, as long as the ids are inside the vocabulary. */
+    void (*draft_hook)(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
+    void *draft_hook_user;
 } dfl_spec_params;
 
 typedef struct dfl_spec_stats {
@@ -198,6 +203,9 @@ typedef struct dfl_hparams {
 } dfl_hparams;
 
 const dfl_hparams *dfl_model_hparams(const dfl_model *model);
+/* Bytes and elements of all the model's tensors. */
+uint64_t dfl_model_n_bytes(const dfl_model *model);
+uint64_t dfl_model_n_params(const dfl_model *model);
 const char *dfl_arch_name(dfl_arch arch);
 
 /* ---- batch ------------------------------------------------------------------------------ */

@@ -25,7 +25,8 @@ static dfl_context *open_ctx(test_ctx *t, const char *path, dfl_model **model, i
     cp.n_ubatch = n_batch;
     cp.n_outputs = n_batch;
     cp.kv_f32 = kv_f32;
-    cp.n_threads = 2;
+    cp.n_threads = 1; /* tiny models: the thread pool would only add dispatch overhead */
+    cp.n_threads_batch = 1;
     dfl_context *ctx = dfl_context_new(*model, &cp, &err);
     if (ctx == NULL) test_fail(t, __FILE__, __LINE__, "context: %s", err.msg);
     return ctx;

@@ -31,6 +31,7 @@ static bool setup_open(test_ctx *t, setup *s, const char *tp, const char *dp) {
     cp.n_batch = 16;
     cp.n_outputs = 16;
     cp.n_threads = 1;
+    cp.n_threads_batch = 1;
     cp.n_capture = (int32_t)dh->n_target_layers;
     cp.capture_layers = dh->target_layers;
     s->tctx = dfl_context_new(s->target, &cp, &err);

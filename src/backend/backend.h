@@ -81,9 +81,17 @@ typedef struct backend_cpu_params {
     int n_threads_batch;    /* threads for ops on more rows (prompt, verify); <= 0: auto */
     uint32_t disable_features; /* backend_cpu_feature bits NOT to use even if the CPU has them */
     bool async;             /* queues execute ops on a worker thread (default: synchronous) */
+#ifdef DFL_TEST_HOOKS
+    uint32_t debug_max_delay_us; /* async workers sleep a random 0..max us before each record */
+    uint64_t debug_seed;
+#endif
 } backend_cpu_params;
 
 backend_cpu_params backend_cpu_default_params(void);
+#ifdef DFL_TEST_HOOKS
+/* Test hook: the random delay bound of one async CPU queue's worker (overrides the backend's). */
+void backend_cpu_queue_set_test_delay(backend_queue *q, uint32_t max_us);
+#endif
 
 /* Creates the CPU backend with its thread pool (created once, reused by every op). */
 backend *backend_cpu_new(const backend_cpu_params *params, dfl_error *err);

@@ -229,7 +229,7 @@ static dfl_status drafter_check_target(const dfl_model *d, const dfl_context_par
     return DFL_OK;
 }
 
-dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params, dfl_error *err) {
+static dfl_context *context_create(dfl_model *model, const dfl_context_params *params, backend *be, dfl_error *err) {
     if (model == NULL) {
         error_set(err, DFL_ERR_INVALID, "dfl_context_new: model is NULL");
         return NULL;
@@ -303,7 +303,9 @@ dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params,
     ctx->params.capture_layers = NULL;
     ctx->features_to_host = true;
 
-    if (p.share_backend != NULL) {
+    if (be != NULL) {
+        ctx->be = be; /* borrowed */
+    } else if (p.share_backend != NULL) {
         ctx->be = p.share_backend->be;
     } else {
         backend_cpu_params bp = backend_cpu_default_params();
@@ -335,6 +337,18 @@ dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params,
 fail:
     dfl_context_free(ctx);
     return NULL;
+}
+
+dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params, dfl_error *err) {
+    return context_create(model, params, NULL, err);
+}
+
+dfl_context *context_new_on(dfl_model *model, const dfl_context_params *params, backend *be, dfl_error *err) {
+    if (be == NULL) {
+        error_set(err, DFL_ERR_INVALID, "context_new_on: no backend");
+        return NULL;
+    }
+    return context_create(model, params, be, err);
 }
 
 void dfl_context_free(dfl_context *ctx) {

@@ -17,6 +17,10 @@
 void context_test_set_faults(dfl_context *ctx, uint32_t faults);
 #endif
 
+/* A context on a given backend (borrowed: it must outlive the context), e.g. an asynchronous
+ * CPU backend in the ordering tests, or another device. */
+dfl_context *context_new_on(dfl_model *model, const dfl_context_params *params, backend *be, dfl_error *err);
+
 /* Waits for the context's queue if it has work in flight (before host staging is reused). */
 void context_sync_pending(dfl_context *ctx);
 

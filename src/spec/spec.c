@@ -121,7 +121,8 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     if (s->path == DFL_FEATURES_DEVICE && !dfl_context_has_feature_buffer(tgt)) {
         s->path = DFL_FEATURES_HOST;
         snprintf(s->note, sizeof(s->note), "fallback to host copies: %s", dfl_context_feature_buffer_note(tgt));
-    } else if (s->path == DFL_FEATURES_DEVICE && dft->be != tgt->be) {
+    } else if (s->path == DFL_FEATURES_DEVICE && dft->be != tgt->be &&
+               !(backend_get_caps(dft->be).host_visible && backend_get_caps(tgt->be).host_visible)) {
         s->path = DFL_FEATURES_HOST;
         snprintf(s->note, sizeof(s->note), "fallback to host copies: the drafter's backend cannot read the target's buffer");
     }

@@ -85,7 +85,7 @@ deps:
 
 # The README's two commands.
 # `make check`: everything CI runs (the plain suite, then ASan+UBSan, then TSan on the threaded tests).
-TSAN_TESTS ?= thread async pool queue event
+TSAN_TESTS ?= thread async pool queue event feature_order backend_queue
 check: deps
 	$(MAKE) test
 	$(MAKE) asan

@@ -195,6 +195,9 @@ void op_rmsnorm(backend_queue *q, tensor dst, tensor x, const tensor *w, float e
  * for i < n_rot/2 with theta = pos * freq_base^(-2i/n_rot); dims >= n_rot are copied.
  * n_rot = 0 means head_dim. */
 void op_rope_neox(backend_queue *q, tensor dst, tensor x, tensor pos, float freq_base, int32_t n_rot);
+/* The same with NORM pairing (i[1] = 1 in the record): adjacent pairs (2i, 2i+1), as llama.cpp
+ * uses for arch llama (GGUF llama weights are permuted for it). */
+void op_rope_norm(backend_queue *q, tensor dst, tensor x, tensor pos, float freq_base, int32_t n_rot);
 
 /* attention: dst [head_dim_v, n_head, n_q] f32; q [head_dim, n_head, n_q] f32;
  * k [head_dim, n_head_kv, n_kv] and v [head_dim_v, n_head_kv, n_kv] F16 or F32 (the KV cache);

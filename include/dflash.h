@@ -334,7 +334,9 @@ int32_t dfl_vocab_find(const dfl_vocab *vocab, const char *text, size_t len);
 const char *dfl_vocab_pre_name(const dfl_vocab *vocab);
 
 /* Tokenizes text[0..len) (any bytes) into tokens[0..n_max). Returns the token count n; if n > n_max,
- * writes the first n_max and returns -n; DFL_VOCAB_FAIL on a bad argument or out of memory.
+ * writes the first n_max and returns -n (tokens NULL, n_max 0 = a count query); DFL_VOCAB_FAIL on a
+ * bad argument or out of memory. n <= 3 * len + 2 always (NFC can lengthen the text: use that
+ * bound, or the count query, to size tokens; n <= len + 2 for text that NFC leaves alone).
  * add_special: add BOS (and EOS) where the vocabulary asks for it (tokenizer.ggml.add_bos_token).
  * parse_special: control tokens written in the text (e.g. "<|im_start|>") become those tokens;
  * otherwise they are tokenized as plain text. User-defined tokens are always matched.

@@ -147,6 +147,14 @@ for (const t of tests) {
   if (want !== got) throw new Error(`NFC mismatch on ${t.map((x) => x.toString(16))}: ${cps(want).map((x) => x.toString(16))} vs ${cps(got).map((x) => x.toString(16))}`);
 }
 
+// dfl_tokenize documents n_tokens <= 3 * bytes + 2: NFD (and so NFC) grows no code point's UTF-8
+// more than 3x
+for (let cp = 0; cp < N_CP; cp++) {
+  if (isSur(cp)) continue;
+  const s = S(cp);
+  if (Buffer.byteLength(s.normalize("NFD")) > 3 * Buffer.byteLength(s)) throw new Error(`NFD of ${cp.toString(16)} grows > 3x`);
+}
+
 // 7. write
 const bs = 1 << SHIFT, blocks = new Map(), stage1 = [], stage2 = [];
 for (let b = 0; b < N_CP / bs; b++) {

@@ -185,7 +185,7 @@ ${fmt(stage1, 32)}
 
 /* [${blocks.size} blocks * ${bs}] bits 0-1 class (UNICODE_CLASS_*), UNICODE_NFC_SAFE, UNICODE_DECOMP, UNICODE_SECOND */
 const uint8_t unicode_props[${stage2.length}] = {
-${fmt(stage2, 48)}
+${fmt(stage2, 56)}
 };
 
 /* [${decompCps.length}] sorted by code point: full canonical decomposition = unicode_decomp_pool[off .. off+len) */

@@ -330,7 +330,7 @@ int64_t cli_tokenize_prompt(const cli_session *s, const cli_opts *o, const char 
         src = rendered;
     }
     const size_t len = strlen(src);
-    int64_t n_max = (int64_t)len + 8;
+    int64_t n_max = 3 * (int64_t)len + 2; /* NFC can lengthen text up to 3x */
     *tokens = malloc((size_t)n_max * sizeof(int32_t));
     int64_t n = *tokens ? dfl_tokenize(s->vocab, src, len, *tokens, n_max, true, o->chat) : DFL_VOCAB_FAIL;
     free(rendered);

@@ -369,11 +369,21 @@ backend_cpu_params backend_cpu_default_params(void) {
     return p;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+/* F16C through CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports has no "f16c"). */
+static bool cpu_has_f16c(void) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return (c & (1u << 29)) != 0;
+}
+#endif
+
 uint32_t cpu_features_detect(void) {
     uint32_t f = 0;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
         f |= BACKEND_CPU_FEATURE_AVX2;
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {

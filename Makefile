@@ -123,3 +123,10 @@ clean:
 	rm -rf build build-asan build-tsan build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# `make bench-ops`: CPU backend matmul micro-benchmark (tests/bench/bench_ops.c).
+.PHONY: bench-ops
+$(BUILD)/bench_ops: tests/bench/bench_ops.c $(BUILD)/libdflash.a
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
+bench-ops: $(BUILD)/bench_ops
+	./$(BUILD)/bench_ops $(BENCH_ARGS)

@@ -90,6 +90,7 @@ T512 static void act_row_q8_0_512(cpu_act *act, int64_t r, const float *x) {
                 ns[b] = 0;
             }
         }
+        #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             const __m512i v = _mm512_i32gather_epi32(_mm512_add_epi32(idx0, _mm512_set1_epi32(k)), tmp, 4);
             _mm512_storeu_si512(qs + g * CPU_Q8_0_GROUP_VALUES + k * 64, v);
@@ -137,15 +138,62 @@ T512 static void act_row_q8_K_512(cpu_act *act, int64_t r, const float *x) {
     }
 }
 
+/* ---- horizontal sums, identical bits for a row whatever the tile size ------------------------ */
+
+/* Sum of the 16 lanes of v in the order of hsum16_tree: ((l0 + l2) + (l1 + l3)) inside each 128-bit
+ * lane, then (L0 + L1) + (L2 + L3) across lanes (f32 addition is commutative, so the pairing is
+ * what fixes the result). */
+T512 INL float hsum16_one(__m512 v) {
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));                  /* l ^ 2 */
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));                  /* l ^ 1 */
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));            /* L ^ 1 */
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));            /* L ^ 2 */
+    return _mm512_cvtss_f32(v);
+}
+
+/* Lane r of the result = hsum16_one(a[r]) for r < NT (the other lanes 0), bit for bit. */
+T512 INL __m512 hsum16_tree(const __m512 *a, const int NT) {
+    __m512 s[8], t[4], u[2];
+    const __m512 z = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        const __m512 x = 2 * i < NT ? a[2 * i] : z, y = 2 * i + 1 < NT ? a[2 * i + 1] : z;
+        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y)); /* [x02 y02 x13 y13] */
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const __m512d x = _mm512_castps_pd(s[2 * i]), y = _mm512_castps_pd(s[2 * i + 1]);
+        t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    u[0] = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88), _mm512_shuffle_f32x4(t[0], t[1], 0xdd));
+    u[1] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], 0x88), _mm512_shuffle_f32x4(t[2], t[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
+}
+
+/* dst[(r0 + r) * ds + o] = sum of acc[r], r < NT. */
+T512 INL void store_sums(const __m512 *acc, const int NT, float *dst, int64_t r0, int64_t ds, int64_t o) {
+    if (NT <= 3) {
+#pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum16_one(acc[r]);
+        return;
+    }
+    float tmp[16] __attribute__((aligned(64)));
+    _mm512_store_ps(tmp, hsum16_tree(acc, NT));
+#pragma GCC unroll 16
+    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = tmp[r];
+}
+
 /* ---- Q8_0 / Q4_0 x Q8_0 (transposed groups of 16 blocks) -------------------------------------- */
 
 /* 8x8 transpose of dwords inside each 256-bit half of z[0..7] (row j, column k) into v[k]. */
 T512 INL void transpose_8x8_halves(const __m512i z[8], __m512i v[8]) {
     __m512i t[8], u[8];
+    #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
     }
+    #pragma GCC unroll 2
     for (int i = 0; i < 2; i++) {
         u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
         u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
@@ -154,6 +202,7 @@ T512 INL void transpose_8x8_halves(const __m512i z[8], __m512i v[8]) {
     }
     const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
     const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         v[k] = _mm512_permutex2var_epi64(u[k], lo, u[k + 4]);
         v[k + 4] = _mm512_permutex2var_epi64(u[k], hi, u[k + 4]);
@@ -164,6 +213,7 @@ T512 INL void transpose_8x8_halves(const __m512i z[8], __m512i v[8]) {
  * 4k..4k+3 of block j plus 128 (unsigned), dw lane j = d of block j (0 for missing blocks). */
 T512 INL void q8_0_group(const block_q8_0 *blk, int nv, __m512i w[8], __m512 *dw) {
     __m512i z[8];
+    #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         const __m256i a = j < nv ? _mm256_loadu_si256((const __m256i *)blk[j].qs) : _mm256_setzero_si256();
         const __m256i b = j + 8 < nv ? _mm256_loadu_si256((const __m256i *)blk[j + 8].qs) : _mm256_setzero_si256();
@@ -171,6 +221,7 @@ T512 INL void q8_0_group(const block_q8_0 *blk, int nv, __m512i w[8], __m512 *dw
     }
     transpose_8x8_halves(z, w);
     const __m512i off = _mm512_set1_epi8((char)0x80);
+    #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) w[k] = _mm512_xor_si512(w[k], off);
     const __m512i idx = _mm512_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238, 272, 306, 340, 374, 408, 442, 476, 510);
     const __mmask16 m = nv >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
@@ -181,8 +232,10 @@ T512 INL void q8_0_group(const block_q8_0 *blk, int nv, __m512i w[8], __m512 *dw
 /* The same for Q4_0: w[k] lane j = nibble values 4k..4k+3 of block j (0..15, unsigned). */
 T512 INL void q4_0_group(const block_q4_0 *blk, int nv, __m512i w[8], __m512 *dw) {
     __m512i z[4];
+    #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         __m128i p[4];
+        #pragma GCC unroll 4
         for (int l = 0; l < 4; l++) {
             const int b = j + 4 * l;
             p[l] = b < nv ? _mm_loadu_si128((const __m128i *)blk[b].qs) : _mm_setzero_si128();
@@ -201,6 +254,7 @@ T512 INL void q4_0_group(const block_q4_0 *blk, int nv, __m512i w[8], __m512 *dw
     c[2] = _mm512_unpacklo_epi64(t1, t3);
     c[3] = _mm512_unpackhi_epi64(t1, t3);
     const __m512i low = _mm512_set1_epi8(0x0f);
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         w[k] = _mm512_and_si512(c[k], low);
         w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(c[k], 4), low);
@@ -240,8 +294,7 @@ T512 INL void q80_tile(const void *wrow, const int Q4, const cpu_act *act, int64
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), acc[r]);
         }
     }
-#pragma GCC unroll 16
-    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = _mm512_reduce_add_ps(acc[r]);
+    store_sums(acc, NT, dst, r0, ds, o);
 }
 
 #define TILE_SWITCH(NT_VAR, CALL)                                                                         \
@@ -305,6 +358,7 @@ T512 INL void reduce_halves(__m512 v, float *lo, float *hi) {
 }
 
 static void q4_K_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         sc[j] = q[j] & 63;
         m[j] = q[j + 4] & 63;
@@ -333,6 +387,7 @@ T512 INL void q4K_tile(const block_q4_K *A, const block_q4_K *B, int64_t nsb, co
         __m512i isum[8];
 #pragma GCC unroll 8
         for (int r = 0; r < NT; r++) isum[r] = _mm512_setzero_si512();
+        #pragma GCC unroll 4
         for (int c2 = 0; c2 < 4; c2++) {
             const __m512i q = pair256(a->qs + 32 * c2, b->qs + 32 * c2);
             const __m512i wl = _mm512_and_si512(q, low), wh = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
@@ -385,10 +440,13 @@ T512 INL void q6K_tile(const block_q6_K *A, const block_q6_K *B, int64_t nsb, co
         __m512i isum[8];
 #pragma GCC unroll 8
         for (int r = 0; r < NT; r++) isum[r] = _mm512_setzero_si512();
+        #pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             const __m512i qh = pair256(a->qh + 32 * n, b->qh + 32 * n);
+            #pragma GCC unroll 2
             for (int k2 = 0; k2 < 2; k2++) {
                 const __m512i ql = pair256(a->ql + 64 * n + 32 * k2, b->ql + 64 * n + 32 * k2);
+                #pragma GCC unroll 2
                 for (int hi = 0; hi < 2; hi++) {
                     const int k = k2 + 2 * hi; /* value chunk 128n + 32k */
                     const __m512i lo4 = hi ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), low) : _mm512_and_si512(ql, low);
@@ -499,8 +557,7 @@ T512 INL void f_tile(const void *wrow, const int WT, const cpu_act *act, int64_t
             acc[r] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, act->f + (r0 + r) * n + i), acc[r]);
         }
     }
-#pragma GCC unroll 16
-    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = _mm512_reduce_add_ps(acc[r]);
+    store_sums(acc, NT, dst, r0, ds, o);
 }
 
 T512 INL void f_rows(const void *wrow, const int WT, const cpu_act *act, int64_t rt, int nt, float *dst, int64_t ds,

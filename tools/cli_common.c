@@ -131,6 +131,7 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
     if (!strcmp(a, "--chat")) { o->chat = true; return 1; }
     if (!strcmp(a, "--json")) { o->json = true; return 1; }
     if (!strcmp(a, "--no-spec")) { o->no_spec = true; return 1; }
+    if (!strcmp(a, "--async")) { o->async = true; return 1; }
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { o->verbose = true; return 1; }
 #undef NEED_VALUE
 #undef BAD
@@ -156,6 +157,7 @@ void cli_print_common_help(FILE *out) {
             "  --feature-wait host|device  where the drafter waits for the target's features\n"
             "  --feature-buffer-max B  cap of the feature buffer in bytes (above: host copies)\n"
             "  --no-spec               ignore the drafter (plain autoregressive decoding)\n"
+            "  --async                 queues run on worker threads (like GPU streams)\n"
             "  --json                  print one JSON object at the end instead of streaming\n",
             cli_default_model_dir());
 }
@@ -250,6 +252,7 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
     cp.n_ubatch = o->n_batch;
     cp.n_threads = o->n_threads;
     cp.n_threads_batch = o->n_threads_batch;
+    cp.async = o->async;
     if (spec) {
         const int64_t n_verify = (int64_t)o->n_seq * (n_draft + 1);
         if (cp.n_batch < n_verify) cp.n_batch = cp.n_ubatch = n_verify;

@@ -167,12 +167,13 @@ static bool gen_ar(bench *b, const int32_t *prompt, int64_t n_prompt, double *ms
 }
 
 /* Speculative generation of n tokens with a fresh session on the given feature path. */
-static bool gen_spec(bench *b, dfl_feature_path fp, const int32_t *prompt, int64_t n_prompt, double *ms_out,
-                     dfl_spec_stats *st_out) {
+static bool gen_spec(bench *b, dfl_feature_path fp, dfl_feature_wait wait, const int32_t *prompt, int64_t n_prompt,
+                     double *ms_out, dfl_spec_stats *st_out) {
     dfl_error err = {0};
     dfl_spec_params sp = dfl_spec_default_params();
     sp.n_draft = b->o.draft_max;
     sp.features = fp;
+    sp.wait = wait;
     dfl_spec *spec = dfl_spec_new(b->s.tctx, b->s.dctx, &sp, &err);
     if (spec == NULL) {
         fprintf(stderr, "dflash bench: %s\n", err.msg);
@@ -202,18 +203,22 @@ static bool gen_spec(bench *b, dfl_feature_path fp, const int32_t *prompt, int64
 }
 
 static bool bench_spec(bench *b, const int32_t *prompt, int64_t n_prompt) {
-    double *t_ar = malloc(sizeof(double) * (size_t)b->reps), *t_sp[2];
-    t_sp[0] = malloc(sizeof(double) * (size_t)b->reps);
-    t_sp[1] = malloc(sizeof(double) * (size_t)b->reps);
-    dfl_spec_stats st[2];
-    double split[2][4] = {{0}};
-    bool ok = t_ar && t_sp[0] && t_sp[1];
+    enum { NV = 3 };
+    static const char *names[NV] = {"spec-gen (device features)", "spec-gen (host features)",
+                                    "spec-gen (device features, device-side wait)"};
+    const dfl_feature_path paths[NV] = {DFL_FEATURES_DEVICE, DFL_FEATURES_HOST, DFL_FEATURES_DEVICE};
+    const dfl_feature_wait waits[NV] = {DFL_WAIT_HOST, DFL_WAIT_HOST, DFL_WAIT_DEVICE};
+    double *t_ar = malloc(sizeof(double) * (size_t)b->reps), *t_sp[NV];
+    for (int f = 0; f < NV; f++) t_sp[f] = malloc(sizeof(double) * (size_t)b->reps);
+    dfl_spec_stats st[NV];
+    double split[NV][4] = {{0}};
+    bool ok = t_ar && t_sp[0] && t_sp[1] && t_sp[2];
     for (int r = 0; r <= b->reps && ok; r++) {
         double ms = 0;
         ok = gen_ar(b, prompt, n_prompt, &ms);
         if (r > 0) t_ar[r - 1] = ms;
-        for (int f = 0; f < 2 && ok; f++) {
-            ok = gen_spec(b, f == 0 ? DFL_FEATURES_DEVICE : DFL_FEATURES_HOST, prompt, n_prompt, &ms, &st[f]);
+        for (int f = 0; f < NV && ok; f++) {
+            ok = gen_spec(b, paths[f], waits[f], prompt, n_prompt, &ms, &st[f]);
             if (r > 0) {
                 t_sp[f][r - 1] = ms;
                 const double steps = (double)(st[f].n_steps > 0 ? st[f].n_steps : 1);
@@ -232,11 +237,11 @@ static bool bench_spec(bench *b, const int32_t *prompt, int64_t n_prompt) {
         row->tok_s = n_gen / (ar / 1e3);
         snprintf(row->note, sizeof(row->note), "autoregressive greedy, %lld tokens after a %lld-token prompt",
                  (long long)b->n_spec, (long long)n_prompt);
-        for (int f = 0; f < 2; f++) {
+        for (int f = 0; f < NV; f++) {
             double sp = median(t_sp[f], b->reps);
             const double steps = (double)(st[f].n_steps > 0 ? st[f].n_steps : 1);
             const double tau = (double)(st[f].n_accepted + st[f].n_steps) / steps;
-            row = add_row(b, f == 0 ? "spec-gen (device features)" : "spec-gen (host features)");
+            row = add_row(b, names[f]);
             row->ms = sp / n_gen;
             row->tok_s = n_gen / (sp / 1e3);
             snprintf(row->note, sizeof(row->note), "%.2fx ar; tau %.2f; step %.2f ms = draft %.2f + verify %.2f + inject %.2f "
@@ -246,8 +251,7 @@ static bool bench_spec(bench *b, const int32_t *prompt, int64_t n_prompt) {
         }
     }
     free(t_ar);
-    free(t_sp[0]);
-    free(t_sp[1]);
+    for (int f = 0; f < NV; f++) free(t_sp[f]);
     return ok;
 }
 
@@ -365,9 +369,10 @@ int cmd_bench(int argc, char **argv) {
             printf("%s,%.2f,%.3f,%.2f,\"%s\"\n", b.rows[i].name, b.rows[i].tok_s, b.rows[i].ms, b.rows[i].gb_s, b.rows[i].note);
         }
     } else {
-        printf("model: %s (%s, %lld layers, n_embd %lld, %.1f MB)%s%s, threads %d, median of %d after a warm-up\n\n",
+        printf("model: %s (%s, %lld layers, n_embd %lld, %.1f MB)%s%s, threads %d (0 = all cores), %s queues, "
+               "median of %d after a warm-up\n\n",
                b.o.model, dfl_arch_name(hp->arch), (long long)hp->n_layer, (long long)hp->n_embd, (double)b.weight_bytes / 1e6,
-               b.s.spec ? ", drafter " : "", b.s.spec ? b.o.draft : "", b.o.n_threads, b.reps);
+               b.s.spec ? ", drafter " : "", b.s.spec ? b.o.draft : "", b.o.n_threads, b.o.async ? "async" : "sync", b.reps);
         printf("| test | tok/s | ms | GB/s | notes |\n|---|---:|---:|---:|---|\n");
         for (int i = 0; i < b.n_rows; i++) {
             char gbs[32] = "";

@@ -60,8 +60,11 @@ $(BUILD)/libdflash.a: $(LIB_OBJ)
 $(BUILD)/libdflash.so: $(LIB_OBJ)
 	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
-$(BUILD)/dflash: $(TOOL_OBJ) $(BUILD)/libdflash.a
-	$(CC) $(ALL_CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
+# The CLI links the release library; sanitizer builds link it to the test variant instead (one
+# compile of the sources per sanitizer).
+CLI_LIB ?= $(BUILD)/libdflash.a
+$(BUILD)/dflash: $(TOOL_OBJ) $(CLI_LIB)
+	$(CC) $(ALL_CFLAGS) -o $@ $(TOOL_OBJ) $(CLI_LIB) $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/tests/test_list.h: $(TEST_SRC) tests/gen_list.sh
 	@mkdir -p $(dir $@)
@@ -76,7 +79,7 @@ $(BUILD)/dflash-tests: $(TEST_OBJ) $(BUILD)/libdflash-test.a
 
 # Runs every test (C unit tests, CLI tests, numpy reference and llama.cpp peer tests; the last
 # two skip with a message where python3-numpy or node are missing).
-test: all $(BUILD)/dflash-tests
+test: toolchains $(BUILD)/dflash $(BUILD)/dflash-tests
 	DFLASH_CLI=$(BUILD)/dflash ./$(BUILD)/dflash-tests $(T)
 
 # Dependencies (Debian packages and the pinned npm peers); idempotent.
@@ -87,6 +90,7 @@ deps:
 # `make check`: everything CI runs (the plain suite, then ASan+UBSan, then TSan on the threaded tests).
 TSAN_TESTS ?= thread async pool queue event feature_order backend_queue
 check: deps
+	$(MAKE) all
 	$(MAKE) test
 	$(MAKE) asan
 	$(MAKE) tsan T="$(TSAN_TESTS)"
@@ -96,10 +100,11 @@ run: deps
 
 asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	        LDFLAGS="-fsanitize=address,undefined" test
+	        LDFLAGS="-fsanitize=address,undefined" CLI_LIB=build-asan/libdflash-test.a test
 
 tsan:
-	$(MAKE) BUILD=build-tsan OPT=-O1 EXTRA_CFLAGS="-fsanitize=thread" LDFLAGS="-fsanitize=thread" test
+	$(MAKE) BUILD=build-tsan OPT=-O1 EXTRA_CFLAGS="-fsanitize=thread" LDFLAGS="-fsanitize=thread" \
+	        CLI_LIB=build-tsan/libdflash-test.a test
 
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)

@@ -41,7 +41,7 @@ for (const modelPath of models) {
     try {
         model = await llama.loadModel({modelPath, gpuLayers: 0});
         if (!loadOnly) {
-            const context = await model.createContext({contextSize: 256, batchSize: 64, threads: 2});
+            const context = await model.createContext({contextSize: 256, batchSize: 64, threads: 1});
             const sequence = context.getSequence();
             const promptTokens = tokensArg ?? model.tokenize(prompt, false);
             const generated = [];

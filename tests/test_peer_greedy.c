@@ -63,7 +63,7 @@ static bool our_greedy(test_ctx *t, const char *path, int32_t prompts[N_PROMPTS]
     cp.n_batch = 512;
     cp.n_ubatch = 16;
     cp.n_outputs = N_PROMPTS;
-    cp.n_threads = 2;
+    cp.n_threads = 1; /* thread counts give identical results (backend tests); 1 keeps a busy CI fast */
     dfl_context *ctx = dfl_context_new(m, &cp, &err);
     dfl_batch *b = dfl_batch_init(512, 0, 1, &err);
     bool ok = ctx != NULL && b != NULL;

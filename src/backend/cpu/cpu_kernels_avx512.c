@@ -305,30 +305,123 @@ T512 INL void q80_tile(const void *wrow, const int Q4, const cpu_act *act, int64
     case 13: CALL(13); break; case 14: CALL(14); break; case 15: CALL(15); break; default: CALL(16); break; \
     }
 
-T512 static void mm_q8_0_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
-                             int64_t ds, int64_t o0, int64_t o1) {
+/* 4 weight rows x 4 activation rows per step: per k, 4 activation and 4 weight vectors feed 16
+ * vpdpbusd (the row-at-a-time loop needs one load per vpdpbusd, and loads are the limit). The 4
+ * weight rows are decoded once for all groups into wc; the f32 accumulators of a 4x4 tile live in
+ * L1. Each (weight row, activation row) pair goes through exactly the operations of q80_tile, so
+ * the results are bit-identical to it (batch invariance). */
+#define Q80_MAXG 32 /* n_in <= 16384 (larger rows use q80_tile only) */
+
+T512 INL void q80_block4(const void *w, size_t w_nb1, const int Q4, const cpu_act *act, int64_t r0, int64_t nr,
+                         float *dst, int64_t ds, int64_t o, int no) {
+    const int64_t nb = act->n_in / QK8_0, ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
+    const int64_t nbp = act->row_len / QK8_0;
+    __m512i wc[4][Q80_MAXG][8];
+    __m512 dwc[4][Q80_MAXG];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const void *wrow = (const char *)w + (size_t)(o + (i < no ? i : no - 1)) * w_nb1;
+        for (int64_t g = 0; g < ng; g++) {
+            const int64_t rem = nb - g * CPU_Q8_0_GROUP;
+            const int nv = rem >= CPU_Q8_0_GROUP ? CPU_Q8_0_GROUP : (int)rem;
+            if (Q4) {
+                q4_0_group((const block_q4_0 *)wrow + g * CPU_Q8_0_GROUP, nv, wc[i][g], &dwc[i][g]);
+            } else {
+                q8_0_group((const block_q8_0 *)wrow + g * CPU_Q8_0_GROUP, nv, wc[i][g], &dwc[i][g]);
+            }
+        }
+    }
+    int64_t rt = r0;
+    for (; rt + 4 <= r0 + nr; rt += 4) {
+        __m512 acc[4][4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const int8_t *xq[4];
+            __m512i is[4][4];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                xq[r] = act->qs + (rt + r) * act->row_len + g * CPU_Q8_0_GROUP_VALUES;
+                const __m512i init = _mm512_slli_epi32(_mm512_loadu_si512(act->ns + (rt + r) * nbp + g * CPU_Q8_0_GROUP),
+                                                       Q4 ? 3 : 7);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) is[i][r] = init;
+            }
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                __m512i x[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) {
+                    x[r] = _mm512_loadu_si512(xq[r] + 64 * k);
+                    __asm__("" : "+v"(x[r])); /* keep it in a register: one load, four uses */
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    __m512i wk = wc[i][g][k];
+                    __asm__("" : "+v"(wk));
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) is[i][r] = _mm512_dpbusd_epi32(is[i][r], wk, x[r]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const __m512 dx = _mm512_loadu_ps(act->d + (rt + r) * nbp + g * CPU_Q8_0_GROUP);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[i][r]), _mm512_mul_ps(dwc[i][g], dx), acc[i][r]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            if (i >= no) break;
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) dst[(rt + r) * ds + o + i] = hsum16_one(acc[i][r]);
+        }
+    }
+    /* the last nr % 4 rows, one weight row at a time */
+    if (rt < r0 + nr) {
+        const int nt = (int)(r0 + nr - rt);
+        for (int i = 0; i < no; i++) {
+            const void *wrow = (const char *)w + (size_t)(o + i) * w_nb1;
+            switch (nt) {
+            case 1: q80_tile(wrow, Q4, act, rt, 1, dst, ds, o + i); break;
+            case 2: q80_tile(wrow, Q4, act, rt, 2, dst, ds, o + i); break;
+            default: q80_tile(wrow, Q4, act, rt, 3, dst, ds, o + i); break;
+            }
+        }
+    }
+}
+
+T512 INL void mm_q80_512(const void *w, size_t w_nb1, const int Q4, const cpu_act *act, int64_t r0, int64_t nr,
+                         float *dst, int64_t ds, int64_t o0, int64_t o1) {
+    if (nr >= 4 && act->row_len / CPU_Q8_0_GROUP_VALUES <= Q80_MAXG) {
+        for (int64_t o = o0; o < o1; o += 4) {
+            q80_block4(w, w_nb1, Q4, act, r0, nr, dst, ds, o, o1 - o >= 4 ? 4 : (int)(o1 - o));
+        }
+        return;
+    }
     for (int64_t o = o0; o < o1; o++) {
         const void *wrow = (const char *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += 16) {
             const int nt = r0 + nr - rt >= 16 ? 16 : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile(wrow, 0, act, rt, N, dst, ds, o)
+#define CALL(N) q80_tile(wrow, Q4, act, rt, N, dst, ds, o)
             TILE_SWITCH(nt, CALL)
 #undef CALL
         }
     }
 }
 
+T512 static void mm_q8_0_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    mm_q80_512(w, w_nb1, 0, act, r0, nr, dst, ds, o0, o1);
+}
+
 T512 static void mm_q4_0_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                              int64_t ds, int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; o++) {
-        const void *wrow = (const char *)w + (size_t)o * w_nb1;
-        for (int64_t rt = r0; rt < r0 + nr; rt += 16) {
-            const int nt = r0 + nr - rt >= 16 ? 16 : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile(wrow, 1, act, rt, N, dst, ds, o)
-            TILE_SWITCH(nt, CALL)
-#undef CALL
-        }
-    }
+    mm_q80_512(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
 }
 
 /* ---- Q4_K / Q6_K x Q8_K (two weight rows per vector) ---------------------------------------- */

@@ -305,15 +305,18 @@ T2 static void mm_q4_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
 
 /* ---- Q4_K / Q6_K ---------------------------------------------------------------------------- */
 
+/* The 8 six-bit scales and mins of a Q4_K block (get_scale_min_k4 for j = 0..7) with 32-bit word
+ * operations: bytes 0-3 hold sc0-3 / m0-3 in their low 6 bits and the high 2 bits of sc4-7 /
+ * m4-7; bytes 8-11 hold the low 4 bits of sc4-7 (low nibbles) and m4-7 (high nibbles). */
 static void q4_K_scales2(const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-    }
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
+    uint32_t u[3], o[4];
+    memcpy(u, q, 12);
+    o[0] = u[0] & 0x3f3f3f3fu;                                            /* sc0-3 */
+    o[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);      /* sc4-7 */
+    o[2] = u[1] & 0x3f3f3f3fu;                                            /* m0-3 */
+    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* m4-7 */
+    memcpy(sc, o, 8);
+    memcpy(m, o + 2, 8);
 }
 
 T2 INL void q4K_tile2(const block_q4_K *W, int64_t nsb, const cpu_act *act, int64_t r0, const int NT, float *dst,
@@ -326,7 +329,7 @@ T2 INL void q4K_tile2(const block_q4_K *W, int64_t nsb, const cpu_act *act, int6
         const block_q4_K *a = W + sb;
         uint8_t sc[8], mn[8];
         q4_K_scales2(a->scales, sc, mn);
-        const float d = fp16_to_fp32(a->d), dmin = fp16_to_fp32(a->dmin);
+        const float d = _cvtsh_ss(a->d), dmin = _cvtsh_ss(a->dmin);
         /* (m_j, m_j) int16 pairs against the sums of 16 */
         const __m256i m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn));
         const __m256i mv = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
@@ -367,7 +370,7 @@ T2 INL void q6K_tile2(const block_q6_K *W, int64_t nsb, const cpu_act *act, int6
     const __m256i low = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(0x30);
     for (int64_t sb = 0; sb < nsb; sb++) {
         const block_q6_K *a = W + sb;
-        const float d = fp16_to_fp32(a->d);
+        const float d = _cvtsh_ss(a->d);
         const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales));
         const __m256i s16n = _mm256_mullo_epi16(s16, _mm256_set1_epi16(-32));
         __m256i isum[8];

@@ -90,7 +90,7 @@ T512 static void act_row_q8_0_512(cpu_act *act, int64_t r, const float *x) {
                 ns[b] = 0;
             }
         }
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             const __m512i v = _mm512_i32gather_epi32(_mm512_add_epi32(idx0, _mm512_set1_epi32(k)), tmp, 4);
             _mm512_storeu_si512(qs + g * CPU_Q8_0_GROUP_VALUES + k * 64, v);
@@ -188,12 +188,12 @@ T512 INL void store_sums(const __m512 *acc, const int NT, float *dst, int64_t r0
 /* 8x8 transpose of dwords inside each 256-bit half of z[0..7] (row j, column k) into v[k]. */
 T512 INL void transpose_8x8_halves(const __m512i z[8], __m512i v[8]) {
     __m512i t[8], u[8];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
     }
-    #pragma GCC unroll 2
+#pragma GCC unroll 2
     for (int i = 0; i < 2; i++) {
         u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
         u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
@@ -202,7 +202,7 @@ T512 INL void transpose_8x8_halves(const __m512i z[8], __m512i v[8]) {
     }
     const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
     const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         v[k] = _mm512_permutex2var_epi64(u[k], lo, u[k + 4]);
         v[k + 4] = _mm512_permutex2var_epi64(u[k], hi, u[k + 4]);
@@ -213,7 +213,7 @@ T512 INL void transpose_8x8_halves(const __m512i z[8], __m512i v[8]) {
  * 4k..4k+3 of block j plus 128 (unsigned), dw lane j = d of block j (0 for missing blocks). */
 T512 INL void q8_0_group(const block_q8_0 *blk, int nv, __m512i w[8], __m512 *dw) {
     __m512i z[8];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         const __m256i a = j < nv ? _mm256_loadu_si256((const __m256i *)blk[j].qs) : _mm256_setzero_si256();
         const __m256i b = j + 8 < nv ? _mm256_loadu_si256((const __m256i *)blk[j + 8].qs) : _mm256_setzero_si256();
@@ -221,7 +221,7 @@ T512 INL void q8_0_group(const block_q8_0 *blk, int nv, __m512i w[8], __m512 *dw
     }
     transpose_8x8_halves(z, w);
     const __m512i off = _mm512_set1_epi8((char)0x80);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int k = 0; k < 8; k++) w[k] = _mm512_xor_si512(w[k], off);
     const __m512i idx = _mm512_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238, 272, 306, 340, 374, 408, 442, 476, 510);
     const __mmask16 m = nv >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
@@ -232,10 +232,10 @@ T512 INL void q8_0_group(const block_q8_0 *blk, int nv, __m512i w[8], __m512 *dw
 /* The same for Q4_0: w[k] lane j = nibble values 4k..4k+3 of block j (0..15, unsigned). */
 T512 INL void q4_0_group(const block_q4_0 *blk, int nv, __m512i w[8], __m512 *dw) {
     __m512i z[4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         __m128i p[4];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int l = 0; l < 4; l++) {
             const int b = j + 4 * l;
             p[l] = b < nv ? _mm_loadu_si128((const __m128i *)blk[b].qs) : _mm_setzero_si128();
@@ -254,7 +254,7 @@ T512 INL void q4_0_group(const block_q4_0 *blk, int nv, __m512i w[8], __m512 *dw
     c[2] = _mm512_unpacklo_epi64(t1, t3);
     c[3] = _mm512_unpackhi_epi64(t1, t3);
     const __m512i low = _mm512_set1_epi8(0x0f);
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         w[k] = _mm512_and_si512(c[k], low);
         w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(c[k], 4), low);
@@ -435,6 +435,9 @@ T512 INL __m512i pair256(const void *a, const void *b) {
                               _mm256_loadu_si256((const __m256i *)b), 1);
 }
 
+/* f16 -> f32 with F16C (exact, like fp16_to_fp32). */
+T512 INL float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
 T512 INL __m512 pair_ps(float a, float b) {
     return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
 }
@@ -450,16 +453,18 @@ T512 INL void reduce_halves(__m512 v, float *lo, float *hi) {
     *hi = _mm_cvtss_f32(_mm_shuffle_ps(s, s, 1));
 }
 
+/* The 8 six-bit scales and mins of a Q4_K block (get_scale_min_k4 for j = 0..7) with 32-bit word
+ * operations: bytes 0-3 hold sc0-3 / m0-3 in their low 6 bits and the high 2 bits of sc4-7 /
+ * m4-7; bytes 8-11 hold the low 4 bits of sc4-7 (low nibbles) and m4-7 (high nibbles). */
 static void q4_K_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    #pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-    }
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
+    uint32_t u[3], o[4];
+    memcpy(u, q, 12);
+    o[0] = u[0] & 0x3f3f3f3fu;                                            /* sc0-3 */
+    o[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);      /* sc4-7 */
+    o[2] = u[1] & 0x3f3f3f3fu;                                            /* m0-3 */
+    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* m4-7 */
+    memcpy(sc, o, 8);
+    memcpy(m, o + 2, 8);
 }
 
 T512 INL void q4K_tile(const block_q4_K *A, const block_q4_K *B, int64_t nsb, const cpu_act *act, int64_t r0,
@@ -473,14 +478,14 @@ T512 INL void q4K_tile(const block_q4_K *A, const block_q4_K *B, int64_t nsb, co
         uint8_t sc[16], mn[16];
         q4_K_scales(a->scales, sc, mn);
         q4_K_scales(b->scales, sc + 8, mn + 8);
-        const __m512 dv = pair_ps(fp16_to_fp32(a->d), fp16_to_fp32(b->d));
-        const __m512 dmv = pair_ps(fp16_to_fp32(a->dmin), fp16_to_fp32(b->dmin));
+        const __m512 dv = pair_ps(h2f(a->d), h2f(b->d));
+        const __m512 dmv = pair_ps(h2f(a->dmin), h2f(b->dmin));
         const __m512i m32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)mn));
         const __m512i mv = _mm512_or_si512(m32, _mm512_slli_epi32(m32, 16)); /* (m_j, m_j) int16 pairs */
-        __m512i isum[8];
+        __m512i isum[8], isum2[8];
 #pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) isum[r] = _mm512_setzero_si512();
-        #pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) isum[r] = isum2[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
         for (int c2 = 0; c2 < 4; c2++) {
             const __m512i q = pair256(a->qs + 32 * c2, b->qs + 32 * c2);
             const __m512i wl = _mm512_and_si512(q, low), wh = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
@@ -491,12 +496,14 @@ T512 INL void q4K_tile(const block_q4_K *A, const block_q4_K *B, int64_t nsb, co
                 const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 64 * c2;
                 const __m512i pl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, bcast256(xq));
                 const __m512i ph = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wh, bcast256(xq + 32));
-                isum[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum[r], pl, sl), ph, sh);
+                isum[r] = _mm512_dpwssd_epi32(isum[r], pl, sl);
+                isum2[r] = _mm512_dpwssd_epi32(isum2[r], ph, sh); /* second chain (exact int sums) */
             }
         }
 #pragma GCC unroll 8
         for (int r = 0; r < NT; r++) {
             const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
+            isum[r] = _mm512_add_epi32(isum[r], isum2[r]);
             const __m512i msum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), bcast256(bs), mv);
             const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (act->n_in / QK_K) + sb]);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, dx), acc[r]);
@@ -529,17 +536,17 @@ T512 INL void q6K_tile(const block_q6_K *A, const block_q6_K *B, int64_t nsb, co
             _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales))),
             _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales)), 1);
         const __m512i s16n = _mm512_mullo_epi16(s16, _mm512_set1_epi16(-32));
-        const __m512 dv = pair_ps(fp16_to_fp32(a->d), fp16_to_fp32(b->d));
-        __m512i isum[8];
+        const __m512 dv = pair_ps(h2f(a->d), h2f(b->d));
+        __m512i isum[8], isum2[8];
 #pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) isum[r] = _mm512_setzero_si512();
-        #pragma GCC unroll 2
+        for (int r = 0; r < NT; r++) isum[r] = isum2[r] = _mm512_setzero_si512();
+#pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             const __m512i qh = pair256(a->qh + 32 * n, b->qh + 32 * n);
-            #pragma GCC unroll 2
+#pragma GCC unroll 2
             for (int k2 = 0; k2 < 2; k2++) {
                 const __m512i ql = pair256(a->ql + 64 * n + 32 * k2, b->ql + 64 * n + 32 * k2);
-                #pragma GCC unroll 2
+#pragma GCC unroll 2
                 for (int hi = 0; hi < 2; hi++) {
                     const int k = k2 + 2 * hi; /* value chunk 128n + 32k */
                     const __m512i lo4 = hi ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), low) : _mm512_and_si512(ql, low);
@@ -557,7 +564,11 @@ T512 INL void q6K_tile(const block_q6_K *A, const block_q6_K *B, int64_t nsb, co
                     for (int r = 0; r < NT; r++) {
                         const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 128 * n + 32 * k;
                         const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, bcast256(xq));
-                        isum[r] = _mm512_dpwssd_epi32(isum[r], p, sv);
+                        if (k & 1) {
+                            isum2[r] = _mm512_dpwssd_epi32(isum2[r], p, sv); /* second chain */
+                        } else {
+                            isum[r] = _mm512_dpwssd_epi32(isum[r], p, sv);
+                        }
                     }
                 }
             }
@@ -565,7 +576,7 @@ T512 INL void q6K_tile(const block_q6_K *A, const block_q6_K *B, int64_t nsb, co
 #pragma GCC unroll 8
         for (int r = 0; r < NT; r++) {
             const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
-            isum[r] = _mm512_dpwssd_epi32(isum[r], bcast256(bs), s16n);
+            isum[r] = _mm512_dpwssd_epi32(_mm512_add_epi32(isum[r], isum2[r]), bcast256(bs), s16n);
             const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (act->n_in / QK_K) + sb]);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, dx), acc[r]);
         }

@@ -15,6 +15,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define T2 __attribute__((target("avx2,fma,f16c")))
@@ -530,6 +531,61 @@ T2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
     for (; i < n; i++) y[i] += a * fp16_to_fp32(x[i]);
 }
 
+/* e^x for x <= 0 (after max subtraction): x = n ln2 + r, degree-7 Taylor polynomial for e^r, 2^n
+ * built in the exponent field; x < -87 (2^n below the normal range) gives 0. */
+T2 INL __m256 exp_neg_avx2(__m256 x) {
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), ok);
+}
+
+T2 static void softmax_row_avx2(float *p, const float *s, int64_t n) {
+    float max = -INFINITY;
+    int64_t i = 0;
+    if (n >= 8) {
+        __m256 mx = _mm256_set1_ps(-INFINITY);
+        for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + i));
+        max = hmax8(mx);
+    }
+    for (; i < n; i++) max = s[i] > max ? s[i] : max;
+    if (max == -INFINITY) {
+        memset(p, 0, (size_t)n * sizeof(float));
+        return;
+    }
+    const __m256 mv = _mm256_set1_ps(max);
+    __m256d sum0 = _mm256_setzero_pd(), sum1 = _mm256_setzero_pd();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        _mm256_storeu_ps(p + i, e);
+        sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        sum1 = _mm256_add_pd(sum1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double lanes[4];
+    _mm256_storeu_pd(lanes, _mm256_add_pd(sum0, sum1));
+    double sum = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+    for (; i < n; i++) {
+        const float e = s[i] == -INFINITY ? 0.0f : expf(s[i] - max);
+        p[i] = e;
+        sum += (double)e;
+    }
+    const float inv = (float)(1.0 / sum);
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(p + i, _mm256_mul_ps(_mm256_loadu_ps(p + i), iv));
+    for (; i < n; i++) p[i] *= inv;
+}
+
 void cpu_kernels_init_avx2(cpu_kernels *k) {
     k->name = "avx2";
     k->matmul[QUANT_TYPE_F32] = mm_f32_avx2;
@@ -548,6 +604,7 @@ void cpu_kernels_init_avx2(cpu_kernels *k) {
     k->act_row[QUANT_TYPE_Q6_K] = act_row_q8_K_avx2;
     k->dot_f16 = dot_f16_avx2;
     k->axpy_f16 = axpy_f16_avx2;
+    k->softmax_row = softmax_row_avx2;
 }
 
 #else

@@ -714,6 +714,60 @@ T512 static void axpy_f16_512(float *y, float a, const uint16_t *x, int64_t n) {
     }
 }
 
+/* e^x for x <= 0 (after max subtraction): x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7
+ * Taylor polynomial (relative error < 2e-8 before rounding), times 2^n with vscalefps; x < -104
+ * gives 0. */
+T512 INL __m512 exp_neg512(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ);
+    return _mm512_maskz_scalef_ps((__mmask16)~tiny, p, n);
+}
+
+T512 static void softmax_row_512(float *p, const float *s, int64_t n) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + i));
+    float max = _mm512_reduce_max_ps(mx);
+    for (; i < n; i++) max = s[i] > max ? s[i] : max;
+    if (max == -INFINITY) {
+        memset(p, 0, (size_t)n * sizeof(float));
+        return;
+    }
+    const __m512 mv = _mm512_set1_ps(max);
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __m512 e = exp_neg512(_mm512_sub_ps(_mm512_loadu_ps(s + i), mv)); /* -inf -> 0 */
+        _mm512_storeu_ps(p + i, e);
+        sum0 = _mm512_add_pd(sum0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        sum1 = _mm512_add_pd(sum1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+    }
+    double sum = _mm512_reduce_add_pd(_mm512_add_pd(sum0, sum1));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(m, exp_neg512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), mv)));
+        _mm512_mask_storeu_ps(p + i, m, e);
+        sum += _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
+                                                  _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1))));
+    }
+    const __m512 inv = _mm512_set1_ps((float)(1.0 / sum));
+    for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(p + i, _mm512_mul_ps(_mm512_loadu_ps(p + i), inv));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(p + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + i), inv));
+    }
+}
+
 void cpu_kernels_init_avx512(cpu_kernels *k) {
     k->name = "avx512";
     k->matmul[QUANT_TYPE_F32] = mm_f32_512;
@@ -732,6 +786,7 @@ void cpu_kernels_init_avx512(cpu_kernels *k) {
     k->act_row[QUANT_TYPE_Q6_K] = act_row_q8_K_512;
     k->dot_f16 = dot_f16_512;
     k->axpy_f16 = axpy_f16_512;
+    k->softmax_row = softmax_row_512;
 }
 
 #else

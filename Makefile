@@ -24,6 +24,9 @@ TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/runner.o
+# The test runner links a variant of the library built with -DDFL_TEST_HOOKS (fault injection for
+# the ordering tests); the release library and CLI never contain the hooks.
+TLIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/test-obj/%.o)
 
 .PHONY: all lib test check run deps asan tsan fuzz install clean toolchains models
 
@@ -37,6 +40,18 @@ toolchains:
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/test-obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DDFL_TEST_HOOKS -c $< -o $@
+
+$(BUILD)/tests/%.o: tests/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DDFL_TEST_HOOKS -c $< -o $@
+
+$(BUILD)/libdflash-test.a: $(TLIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
 
 $(BUILD)/libdflash.a: $(LIB_OBJ)
 	@rm -f $@
@@ -54,10 +69,10 @@ $(BUILD)/tests/test_list.h: $(TEST_SRC) tests/gen_list.sh
 
 $(BUILD)/tests/runner.o: tests/runner.c $(BUILD)/tests/test_list.h
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -I$(BUILD)/tests -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -DDFL_TEST_HOOKS -I$(BUILD)/tests -c $< -o $@
 
-$(BUILD)/dflash-tests: $(TEST_OBJ) $(BUILD)/libdflash.a
-	$(CC) $(ALL_CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
+$(BUILD)/dflash-tests: $(TEST_OBJ) $(BUILD)/libdflash-test.a
+	$(CC) $(ALL_CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libdflash-test.a $(LDFLAGS) $(LDLIBS)
 
 # Runs every test (C unit tests, CLI tests, numpy reference and llama.cpp peer tests; the last
 # two skip with a message where python3-numpy or node are missing).
@@ -70,7 +85,7 @@ deps:
 
 # The README's two commands.
 # `make check`: everything CI runs (the plain suite, then ASan+UBSan, then TSan on the threaded tests).
-TSAN_TESTS ?= thread async pool queue event
+TSAN_TESTS ?= thread async pool queue event feature_order backend_queue
 check: deps
 	$(MAKE) test
 	$(MAKE) asan

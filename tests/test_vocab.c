@@ -1,4 +1,4 @@
-/* test_vocab.c: unit tests of the tokenizer on small vocabularies built from arrays: BPE against a
+/* tv_spec.c: unit tests of the tokenizer on small vocabularies built from arrays: BPE against a
  * naive quadratic reference, the pre-tokenizer scanners against PCRE2 running the same regexes,
  * special tokens, ill-formed UTF-8, the streaming detokenizer, the return conventions, every
  * vocabulary and GGUF error, concurrent use. (Conformance with the real Qwen3 tokenizer is in
@@ -42,22 +42,22 @@ static size_t byte_level(const uint8_t *s, size_t n, char *out) {
 }
 
 #define TV_MAX 4096
-typedef struct test_vocab {
+typedef struct tv_spec {
     char *tok[TV_MAX];
     int32_t type[TV_MAX];
     int n_tok;
     char *mer[TV_MAX];
     int n_mer;
-} test_vocab;
+} tv_spec;
 
-static int tv_add(test_vocab *tv, const char *text, int32_t type) {
+static int tv_add(tv_spec *tv, const char *text, int32_t type) {
     tv->tok[tv->n_tok] = strdup(text);
     tv->type[tv->n_tok] = type;
     return tv->n_tok++;
 }
 
 /* all 256 byte tokens */
-static void tv_init(test_vocab *tv) {
+static void tv_init(tv_spec *tv) {
     memset(tv, 0, sizeof(*tv));
     for (int b = 0; b < 256; b++) {
         uint8_t byte = (uint8_t)b;
@@ -68,7 +68,7 @@ static void tv_init(test_vocab *tv) {
 }
 
 /* a merge of two raw byte strings; adds the merged token; returns its id */
-static int tv_merge(test_vocab *tv, const char *a, const char *b) {
+static int tv_merge(tv_spec *tv, const char *a, const char *b) {
     char ea[256], eb[256], m[600], cat[600];
     byte_level((const uint8_t *)a, strlen(a), ea);
     byte_level((const uint8_t *)b, strlen(b), eb);
@@ -81,12 +81,12 @@ static int tv_merge(test_vocab *tv, const char *a, const char *b) {
     return tv_add(tv, cat, DFL_TOKEN_TYPE_NORMAL);
 }
 
-static void tv_free(test_vocab *tv) {
+static void tv_free(tv_spec *tv) {
     for (int i = 0; i < tv->n_tok; i++) free(tv->tok[i]);
     for (int i = 0; i < tv->n_mer; i++) free(tv->mer[i]);
 }
 
-static dfl_vocab *tv_build(const test_vocab *tv, const char *pre, dfl_error *err) {
+static dfl_vocab *tv_build(const tv_spec *tv, const char *pre, dfl_error *err) {
     vocab_desc d = vocab_desc_default();
     d.n_tokens = tv->n_tok;
     d.tokens = (const char *const *)tv->tok;
@@ -134,7 +134,7 @@ static uint64_t rng_next(uint64_t *s) {
 
 /* merges learned like BPE training: the most frequent adjacent pair of a corpus of words over
  * "abc d", merged everywhere, 300 times */
-static void train_merges(test_vocab *tv, uint64_t *rng) {
+static void train_merges(tv_spec *tv, uint64_t *rng) {
     enum { N_WORDS = 120, MAX_LEN = 14 };
     char sym[N_WORDS][MAX_LEN][MAX_LEN + 1]; /* current segmentation of each word */
     int n_sym[N_WORDS];
@@ -179,7 +179,7 @@ static void train_merges(test_vocab *tv, uint64_t *rng) {
 
 TEST(vocab_bpe_matches_naive) {
     for (int kind = 0; kind < 2; kind++) {
-        static test_vocab tv;
+        static tv_spec tv;
         tv_init(&tv);
         uint64_t rng = 42 + (uint64_t)kind;
         if (kind == 0) {
@@ -328,7 +328,7 @@ TEST(vocab_pretok_matches_pcre2) {
 
 /* ---- special tokens, ill-formed UTF-8, API conventions ----------------------------------------- */
 
-static dfl_vocab *small_vocab(test_ctx *t, const char *pre, test_vocab *tv) {
+static dfl_vocab *small_vocab(test_ctx *t, const char *pre, tv_spec *tv) {
     tv_init(tv);
     tv_merge(tv, "h", "e");
     tv_merge(tv, "l", "l");
@@ -354,7 +354,7 @@ static int64_t tokenize_str(const dfl_vocab *v, const char *s, int32_t *out, int
 }
 
 TEST(vocab_special_tokens) {
-    static test_vocab tv;
+    static tv_spec tv;
     dfl_vocab *v = small_vocab(t, "qwen2", &tv);
     REQUIRE(v != NULL);
     int32_t s = id_of(v, "<|s|>"), sx = id_of(v, "<|s|>x"), u = id_of(v, "<u>"), end = id_of(v, "<|end|>");
@@ -395,7 +395,7 @@ TEST(vocab_special_tokens) {
 }
 
 TEST(vocab_invalid_utf8) {
-    static test_vocab tv;
+    static tv_spec tv;
     dfl_vocab *v = small_vocab(t, "qwen2", &tv);
     REQUIRE(v != NULL);
     /* every byte that is not part of a well-formed sequence is its byte token and splits the text:
@@ -434,7 +434,7 @@ TEST(vocab_invalid_utf8) {
 }
 
 TEST(vocab_api_conventions) {
-    static test_vocab tv;
+    static tv_spec tv;
     tv_init(&tv);
     tv_merge(&tv, "a", "b");
     int bos = tv_add(&tv, "<s>", DFL_TOKEN_TYPE_CONTROL), eos = tv_add(&tv, "</s>", DFL_TOKEN_TYPE_CONTROL);
@@ -488,7 +488,7 @@ TEST(vocab_api_conventions) {
 TEST(vocab_llama3_ignore_merges) {
     /* "abc" is a token, but BPE would stop at "ab" "c" (no merge ab+c): llama3 (ignore_merges) takes
      * the token, gpt2 does not */
-    static test_vocab tv;
+    static tv_spec tv;
     tv_init(&tv);
     tv_merge(&tv, "a", "b");
     tv_merge(&tv, "1", "2");
@@ -523,7 +523,7 @@ static bool valid_utf8(const uint8_t *s, size_t n) {
 }
 
 TEST(vocab_detok_stream) {
-    static test_vocab tv;
+    static tv_spec tv;
     dfl_vocab *v = small_vocab(t, "qwen2", &tv);
     REQUIRE(v != NULL);
     dfl_error err = {0};
@@ -585,7 +585,7 @@ static void expect_vocab_error(test_ctx *t, const vocab_desc *d, dfl_status code
 }
 
 TEST(vocab_build_errors) {
-    static test_vocab tv;
+    static tv_spec tv;
     tv_init(&tv);
     tv_merge(&tv, "a", "b");
     vocab_desc d = vocab_desc_default();
@@ -634,7 +634,7 @@ TEST(vocab_build_errors) {
 }
 
 /* writes a vocabulary GGUF with our writer; mutate selects one defect */
-static bool write_vocab_gguf(test_ctx *t, const char *path, const test_vocab *tv, int mutate) {
+static bool write_vocab_gguf(test_ctx *t, const char *path, const tv_spec *tv, int mutate) {
     gguf_writer *w = gguf_writer_new();
     gguf_writer_set_str(w, "general.architecture", "qwen3");
     gguf_writer_set_str(w, "tokenizer.ggml.model", mutate == 1 ? "llama" : "gpt2");
@@ -653,7 +653,7 @@ static bool write_vocab_gguf(test_ctx *t, const char *path, const test_vocab *tv
 }
 
 TEST(vocab_gguf_load_errors) {
-    static test_vocab tv;
+    static tv_spec tv;
     tv_init(&tv);
     tv_merge(&tv, "a", "b");
     static const struct {
@@ -710,7 +710,7 @@ static void *tokenize_thread(void *arg) {
 }
 
 TEST(vocab_threads) {
-    static test_vocab tv;
+    static tv_spec tv;
     dfl_vocab *v = small_vocab(t, "qwen2", &tv);
     REQUIRE(v != NULL);
     char text[4096];
@@ -745,7 +745,7 @@ TEST(vocab_threads) {
 /* ---- chat template corner cases (the fixtures cover Qwen3's renderings) ------------------------ */
 
 TEST(vocab_chat_errors) {
-    static test_vocab tv;
+    static tv_spec tv;
     dfl_vocab *v = small_vocab(t, "qwen2", &tv);
     REQUIRE(v != NULL);
     dfl_chat_msg m = {"user", "hi", NULL};

@@ -24,6 +24,8 @@ typedef struct cli_opts {
     bool chat, json, no_spec, verbose;
     int32_t draft_max;        /* --draft-max */
     dfl_feature_path features;
+    dfl_feature_wait feature_wait;
+    int64_t feature_buffer_max; /* bytes, 0: no cap */
     int32_t n_seq;
 } cli_opts;
 

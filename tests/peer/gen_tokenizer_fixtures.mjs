@@ -3,7 +3,8 @@
 // transformers.js encoder of @lenml/tokenizers 3.7.2) so that the C tests need no node:
 //   qwen3-vocab.gguf.gz  vocabulary-only GGUF written by OUR GGUF writer (make_vocab_gguf.c) from
 //                        a dump of tokenizer.json (tokens, token types as llama.cpp's converter
-//                        assigns them, merges, special ids, chat template)
+//                        assigns them, merges, special ids, chat template; Qwen3-0.6B's
+//                        hyperparameters so that llama.cpp loads it as a vocab-only model)
 //   corpus.tsv.gz        the conformance corpus: per line
 //                        category \t hex(text) \t ids (parse_special) \t ids (no parse_special, "="
 //                        if the same) \t hex(expected decode, "=" if text) \t hex(expected lossy
@@ -59,6 +60,12 @@ function writeVocabGguf() {
   lines.push(`merges ${merges.length}`);
   for (const m of merges) lines.push(Buffer.from(m, "utf8").toString("hex"));
   lines.push(`chat_template ${Buffer.from(tokenizerConfig.chat_template, "utf8").toString("hex")}`);
+  // Qwen3-0.6B's hyperparameters: llama.cpp reads them even for a vocabulary-only file
+  for (const [k, v] of [["context_length", 40960], ["embedding_length", 1024], ["block_count", 28], ["feed_forward_length", 3072],
+    ["attention.head_count", 16], ["attention.head_count_kv", 8], ["attention.key_length", 128], ["attention.value_length", 128]]) {
+    lines.push(`u32 qwen3.${k} ${v}`);
+  }
+  lines.push("f32 qwen3.attention.layer_norm_rms_epsilon 1e-6", "f32 qwen3.rope.freq_base 1000000");
   const tmp = mkdtempSync(join(tmpdir(), "dflash-vocab-"));
   try {
     const dump = join(tmp, "vocab.txt"), exe = join(tmp, "make_vocab_gguf"), gguf = join(tmp, "qwen3-vocab.gguf");

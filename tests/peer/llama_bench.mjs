@@ -19,7 +19,7 @@ const llama = await getLlama({build: "never", gpu: false, logLevel: LlamaLogLeve
 try {
     const model = await llama.loadModel({modelPath, gpuLayers: 0});
     const context = await model.createContext({contextSize: 1024, batchSize: Math.max(pp, 16), threads,
-                                               flashAttention: false});
+                                               flashAttention: false, batching: {dispatchSchedule: "nextTick"}});
     const prompt = Array.from({length: pp}, (_, i) => (i * 7 + 3) % 200 + 1);
     const ppTimes = [], tgTimes = [];
     for (let r = 0; r <= reps; r++) {

@@ -897,3 +897,36 @@ TEST(backend_act_quantizer_rules) {
         CHECK(a.d[1] < 0.0f && a.d[1] > -0.01f); /* second block: max 0.6 positive -> d = -0.6 / 127 */
     }
 }
+
+/* The attention softmax kernels against the reference softmax (exp within a few ulp). */
+TEST(backend_softmax_kernels) {
+    rng r = {31};
+    for (int level = 1; level < 3; level++) {
+        if (!level_available(level)) continue;
+        cpu_kernels k;
+        cpu_kernels_select(&k, cpu_features_detect() & ~level_disable(level));
+        const int64_t sizes[6] = {1, 7, 16, 17, 300, 1029};
+        for (int si = 0; si < 6; si++) {
+            const int64_t n = sizes[si];
+            float s[1029], p[1029], pr[1029];
+            for (int64_t i = 0; i < n; i++) s[i] = rng_f(&r) * 30.0f;
+            for (int64_t i = 0; i < n; i += 3) s[i] = -INFINITY; /* masked cells */
+            if (n > 2) s[n - 1] = -200.0f;                       /* underflows to 0 */
+            cpu_softmax_row_ref(pr, s, n);
+            k.softmax_row(p, s, n);
+            double sum = 0.0;
+            for (int64_t i = 0; i < n; i++) sum += p[i];
+            char what[64];
+            snprintf(what, sizeof(what), "softmax %s n %lld", k_level_names[level], (long long)n);
+            close_enough(t, what, p, pr, n, 1e-7, 2e-6);
+            if (n > 1) CHECK_NEAR(sum, 1.0, 1e-5);
+            for (int64_t i = 0; i < n; i += 3) CHECK_MSG(p[i] == 0.0f, "%s: masked cell %lld is %g", what, (long long)i, p[i]);
+            /* in place, and a fully masked row */
+            k.softmax_row(s, s, n);
+            CHECK(memcmp(s, p, (size_t)n * sizeof(float)) == 0);
+            for (int64_t i = 0; i < n; i++) s[i] = -INFINITY;
+            k.softmax_row(p, s, n);
+            for (int64_t i = 0; i < n; i++) CHECK(p[i] == 0.0f);
+        }
+    }
+}

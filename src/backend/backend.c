@@ -161,30 +161,21 @@ static dfl_status bad(dfl_error *err, const backend_op *op, const char *what) {
  * blocks, elements (blocks) of a row contiguous. */
 static dfl_status check_tensor(dfl_error *err, const backend_op *op, const char *name, const tensor *t) {
     const quant_type_info *ti = quant_type_get(t->type);
-    char s[128];
-    shape_str(t, s, sizeof(s));
     if (ti == NULL) {
         return error_set(err, DFL_ERR_INVALID, "op %s: %s has unknown type %u", backend_op_name(op->kind),
                          name, t->type);
     }
+    const char *what = NULL;
     for (int d = 0; d < TENSOR_MAX_DIMS; d++) {
-        if (t->ne[d] <= 0) {
-            return error_set(err, DFL_ERR_INVALID, "op %s: %s %s has a dimension <= 0",
-                             backend_op_name(op->kind), name, s);
-        }
+        if (t->ne[d] <= 0) what = "has a dimension <= 0";
     }
-    if (t->ne[0] % ti->blck_size != 0) {
-        return error_set(err, DFL_ERR_INVALID, "op %s: %s %s: ne[0] is not a multiple of the block size %lld",
-                         backend_op_name(op->kind), name, s, (long long)ti->blck_size);
-    }
-    if (t->nb[0] != ti->type_size) {
-        return error_set(err, DFL_ERR_INVALID, "op %s: %s %s: rows must be contiguous (nb[0] = %zu, expected %zu)",
-                         backend_op_name(op->kind), name, s, t->nb[0], ti->type_size);
-    }
-    if (t->data == NULL) {
-        return error_set(err, DFL_ERR_INVALID, "op %s: %s %s has no data", backend_op_name(op->kind), name, s);
-    }
-    return DFL_OK;
+    if (what == NULL && t->ne[0] % ti->blck_size != 0) what = "ne[0] is not a multiple of the block size";
+    if (what == NULL && t->nb[0] != ti->type_size) what = "rows must be contiguous (nb[0] = the element/block size)";
+    if (what == NULL && t->data == NULL) what = "has no data";
+    if (what == NULL) return DFL_OK;
+    char s[128];
+    shape_str(t, s, sizeof(s)); /* formatted only on error: this runs for every op */
+    return error_set(err, DFL_ERR_INVALID, "op %s: %s %s %s", backend_op_name(op->kind), name, s, what);
 }
 
 static dfl_status check_type(dfl_error *err, const backend_op *op, const char *name, const tensor *t,

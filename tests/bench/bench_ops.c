@@ -43,7 +43,7 @@ int main(int argc, char **argv) {
                 const int64_t rows = rows_list[ri];
                 if (rows == 64 && (!cold || shapes[s].type != QUANT_TYPE_Q8_0)) continue;
                 backend_bench_result r;
-                const int iters = shapes[s].n_out > 100000 ? 15 : 60;
+                const int iters = shapes[s].n_out > 100000 ? 25 : 300;
                 if (backend_bench_matmul(be, shapes[s].type, shapes[s].n_in, shapes[s].n_out, rows, iters, cold, &r,
                                          &err) != DFL_OK) {
                     fprintf(stderr, "bench_ops: %s\n", err.msg);

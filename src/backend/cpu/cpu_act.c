@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
 #include "base/fp16.h"
+#include "backend/cpu/cpu_ops_ref.h"
 
 #include <math.h>
 #include <string.h>
@@ -214,6 +215,7 @@ void cpu_kernels_init_ref(cpu_kernels *k) {
     k->act_row[QUANT_TYPE_Q6_K] = cpu_act_row_q8_K_ref;
     k->dot_f16 = dot_f16_ref;
     k->axpy_f16 = axpy_f16_ref;
+    k->softmax_row = cpu_softmax_row_ref;
 }
 
 void cpu_kernels_select(cpu_kernels *k, uint32_t features) {

@@ -75,6 +75,9 @@ typedef void (*cpu_act_row_fn)(cpu_act *act, int64_t r, const float *x);
 typedef float (*cpu_dot_f16_fn)(const float *x, const uint16_t *y, int64_t n);
 /* y[i] += a * x[i] for n F16 values x (attention: accumulate v rows). */
 typedef void (*cpu_axpy_f16_fn)(float *y, float a, const uint16_t *x, int64_t n);
+/* Row softmax p = softmax(s) over n scores (-INFINITY = excluded; all excluded gives zeros); p may
+ * be s. Same contract as cpu_softmax_row_ref, exp within a few ulp. */
+typedef void (*cpu_softmax_fn)(float *p, const float *s, int64_t n);
 
 typedef struct cpu_kernels {
     const char *name;                     /* "scalar", "avx2", "avx512" */
@@ -82,6 +85,7 @@ typedef struct cpu_kernels {
     cpu_act_row_fn act_row[QUANT_TYPE_COUNT]; /* by weight type */
     cpu_dot_f16_fn dot_f16;
     cpu_axpy_f16_fn axpy_f16;
+    cpu_softmax_fn softmax_row;
 } cpu_kernels;
 
 /* Fills k for the feature bits (backend_cpu_feature) usable on this machine. */

@@ -15,6 +15,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define T2 __attribute__((target("avx2,fma,f16c")))
@@ -305,15 +306,18 @@ T2 static void mm_q4_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
 
 /* ---- Q4_K / Q6_K ---------------------------------------------------------------------------- */
 
+/* The 8 six-bit scales and mins of a Q4_K block (get_scale_min_k4 for j = 0..7) with 32-bit word
+ * operations: bytes 0-3 hold sc0-3 / m0-3 in their low 6 bits and the high 2 bits of sc4-7 /
+ * m4-7; bytes 8-11 hold the low 4 bits of sc4-7 (low nibbles) and m4-7 (high nibbles). */
 static void q4_K_scales2(const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-    }
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
+    uint32_t u[3], o[4];
+    memcpy(u, q, 12);
+    o[0] = u[0] & 0x3f3f3f3fu;                                            /* sc0-3 */
+    o[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);      /* sc4-7 */
+    o[2] = u[1] & 0x3f3f3f3fu;                                            /* m0-3 */
+    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* m4-7 */
+    memcpy(sc, o, 8);
+    memcpy(m, o + 2, 8);
 }
 
 T2 INL void q4K_tile2(const block_q4_K *W, int64_t nsb, const cpu_act *act, int64_t r0, const int NT, float *dst,
@@ -326,7 +330,7 @@ T2 INL void q4K_tile2(const block_q4_K *W, int64_t nsb, const cpu_act *act, int6
         const block_q4_K *a = W + sb;
         uint8_t sc[8], mn[8];
         q4_K_scales2(a->scales, sc, mn);
-        const float d = fp16_to_fp32(a->d), dmin = fp16_to_fp32(a->dmin);
+        const float d = _cvtsh_ss(a->d), dmin = _cvtsh_ss(a->dmin);
         /* (m_j, m_j) int16 pairs against the sums of 16 */
         const __m256i m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn));
         const __m256i mv = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
@@ -367,7 +371,7 @@ T2 INL void q6K_tile2(const block_q6_K *W, int64_t nsb, const cpu_act *act, int6
     const __m256i low = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(0x30);
     for (int64_t sb = 0; sb < nsb; sb++) {
         const block_q6_K *a = W + sb;
-        const float d = fp16_to_fp32(a->d);
+        const float d = _cvtsh_ss(a->d);
         const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales));
         const __m256i s16n = _mm256_mullo_epi16(s16, _mm256_set1_epi16(-32));
         __m256i isum[8];
@@ -527,6 +531,61 @@ T2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
     for (; i < n; i++) y[i] += a * fp16_to_fp32(x[i]);
 }
 
+/* e^x for x <= 0 (after max subtraction): x = n ln2 + r, degree-7 Taylor polynomial for e^r, 2^n
+ * built in the exponent field; x < -87 (2^n below the normal range) gives 0. */
+T2 INL __m256 exp_neg_avx2(__m256 x) {
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), ok);
+}
+
+T2 static void softmax_row_avx2(float *p, const float *s, int64_t n) {
+    float max = -INFINITY;
+    int64_t i = 0;
+    if (n >= 8) {
+        __m256 mx = _mm256_set1_ps(-INFINITY);
+        for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + i));
+        max = hmax8(mx);
+    }
+    for (; i < n; i++) max = s[i] > max ? s[i] : max;
+    if (max == -INFINITY) {
+        memset(p, 0, (size_t)n * sizeof(float));
+        return;
+    }
+    const __m256 mv = _mm256_set1_ps(max);
+    __m256d sum0 = _mm256_setzero_pd(), sum1 = _mm256_setzero_pd();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        _mm256_storeu_ps(p + i, e);
+        sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        sum1 = _mm256_add_pd(sum1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double lanes[4];
+    _mm256_storeu_pd(lanes, _mm256_add_pd(sum0, sum1));
+    double sum = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+    for (; i < n; i++) {
+        const float e = s[i] == -INFINITY ? 0.0f : expf(s[i] - max);
+        p[i] = e;
+        sum += (double)e;
+    }
+    const float inv = (float)(1.0 / sum);
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(p + i, _mm256_mul_ps(_mm256_loadu_ps(p + i), iv));
+    for (; i < n; i++) p[i] *= inv;
+}
+
 void cpu_kernels_init_avx2(cpu_kernels *k) {
     k->name = "avx2";
     k->matmul[QUANT_TYPE_F32] = mm_f32_avx2;
@@ -545,6 +604,7 @@ void cpu_kernels_init_avx2(cpu_kernels *k) {
     k->act_row[QUANT_TYPE_Q6_K] = act_row_q8_K_avx2;
     k->dot_f16 = dot_f16_avx2;
     k->axpy_f16 = axpy_f16_avx2;
+    k->softmax_row = softmax_row_avx2;
 }
 
 #else

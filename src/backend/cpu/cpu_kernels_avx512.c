@@ -90,7 +90,7 @@ T512 static void act_row_q8_0_512(cpu_act *act, int64_t r, const float *x) {
                 ns[b] = 0;
             }
         }
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             const __m512i v = _mm512_i32gather_epi32(_mm512_add_epi32(idx0, _mm512_set1_epi32(k)), tmp, 4);
             _mm512_storeu_si512(qs + g * CPU_Q8_0_GROUP_VALUES + k * 64, v);
@@ -188,12 +188,12 @@ T512 INL void store_sums(const __m512 *acc, const int NT, float *dst, int64_t r0
 /* 8x8 transpose of dwords inside each 256-bit half of z[0..7] (row j, column k) into v[k]. */
 T512 INL void transpose_8x8_halves(const __m512i z[8], __m512i v[8]) {
     __m512i t[8], u[8];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
     }
-    #pragma GCC unroll 2
+#pragma GCC unroll 2
     for (int i = 0; i < 2; i++) {
         u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
         u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
@@ -202,7 +202,7 @@ T512 INL void transpose_8x8_halves(const __m512i z[8], __m512i v[8]) {
     }
     const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
     const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         v[k] = _mm512_permutex2var_epi64(u[k], lo, u[k + 4]);
         v[k + 4] = _mm512_permutex2var_epi64(u[k], hi, u[k + 4]);
@@ -213,7 +213,7 @@ T512 INL void transpose_8x8_halves(const __m512i z[8], __m512i v[8]) {
  * 4k..4k+3 of block j plus 128 (unsigned), dw lane j = d of block j (0 for missing blocks). */
 T512 INL void q8_0_group(const block_q8_0 *blk, int nv, __m512i w[8], __m512 *dw) {
     __m512i z[8];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         const __m256i a = j < nv ? _mm256_loadu_si256((const __m256i *)blk[j].qs) : _mm256_setzero_si256();
         const __m256i b = j + 8 < nv ? _mm256_loadu_si256((const __m256i *)blk[j + 8].qs) : _mm256_setzero_si256();
@@ -221,7 +221,7 @@ T512 INL void q8_0_group(const block_q8_0 *blk, int nv, __m512i w[8], __m512 *dw
     }
     transpose_8x8_halves(z, w);
     const __m512i off = _mm512_set1_epi8((char)0x80);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int k = 0; k < 8; k++) w[k] = _mm512_xor_si512(w[k], off);
     const __m512i idx = _mm512_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238, 272, 306, 340, 374, 408, 442, 476, 510);
     const __mmask16 m = nv >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
@@ -232,10 +232,10 @@ T512 INL void q8_0_group(const block_q8_0 *blk, int nv, __m512i w[8], __m512 *dw
 /* The same for Q4_0: w[k] lane j = nibble values 4k..4k+3 of block j (0..15, unsigned). */
 T512 INL void q4_0_group(const block_q4_0 *blk, int nv, __m512i w[8], __m512 *dw) {
     __m512i z[4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         __m128i p[4];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int l = 0; l < 4; l++) {
             const int b = j + 4 * l;
             p[l] = b < nv ? _mm_loadu_si128((const __m128i *)blk[b].qs) : _mm_setzero_si128();
@@ -254,7 +254,7 @@ T512 INL void q4_0_group(const block_q4_0 *blk, int nv, __m512i w[8], __m512 *dw
     c[2] = _mm512_unpacklo_epi64(t1, t3);
     c[3] = _mm512_unpackhi_epi64(t1, t3);
     const __m512i low = _mm512_set1_epi8(0x0f);
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         w[k] = _mm512_and_si512(c[k], low);
         w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(c[k], 4), low);
@@ -305,30 +305,123 @@ T512 INL void q80_tile(const void *wrow, const int Q4, const cpu_act *act, int64
     case 13: CALL(13); break; case 14: CALL(14); break; case 15: CALL(15); break; default: CALL(16); break; \
     }
 
-T512 static void mm_q8_0_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
-                             int64_t ds, int64_t o0, int64_t o1) {
+/* 4 weight rows x 4 activation rows per step: per k, 4 activation and 4 weight vectors feed 16
+ * vpdpbusd (the row-at-a-time loop needs one load per vpdpbusd, and loads are the limit). The 4
+ * weight rows are decoded once for all groups into wc; the f32 accumulators of a 4x4 tile live in
+ * L1. Each (weight row, activation row) pair goes through exactly the operations of q80_tile, so
+ * the results are bit-identical to it (batch invariance). */
+#define Q80_MAXG 32 /* n_in <= 16384 (larger rows use q80_tile only) */
+
+T512 INL void q80_block4(const void *w, size_t w_nb1, const int Q4, const cpu_act *act, int64_t r0, int64_t nr,
+                         float *dst, int64_t ds, int64_t o, int no) {
+    const int64_t nb = act->n_in / QK8_0, ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
+    const int64_t nbp = act->row_len / QK8_0;
+    __m512i wc[4][Q80_MAXG][8];
+    __m512 dwc[4][Q80_MAXG];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const void *wrow = (const char *)w + (size_t)(o + (i < no ? i : no - 1)) * w_nb1;
+        for (int64_t g = 0; g < ng; g++) {
+            const int64_t rem = nb - g * CPU_Q8_0_GROUP;
+            const int nv = rem >= CPU_Q8_0_GROUP ? CPU_Q8_0_GROUP : (int)rem;
+            if (Q4) {
+                q4_0_group((const block_q4_0 *)wrow + g * CPU_Q8_0_GROUP, nv, wc[i][g], &dwc[i][g]);
+            } else {
+                q8_0_group((const block_q8_0 *)wrow + g * CPU_Q8_0_GROUP, nv, wc[i][g], &dwc[i][g]);
+            }
+        }
+    }
+    int64_t rt = r0;
+    for (; rt + 4 <= r0 + nr; rt += 4) {
+        __m512 acc[4][4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const int8_t *xq[4];
+            __m512i is[4][4];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                xq[r] = act->qs + (rt + r) * act->row_len + g * CPU_Q8_0_GROUP_VALUES;
+                const __m512i init = _mm512_slli_epi32(_mm512_loadu_si512(act->ns + (rt + r) * nbp + g * CPU_Q8_0_GROUP),
+                                                       Q4 ? 3 : 7);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) is[i][r] = init;
+            }
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                __m512i x[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) {
+                    x[r] = _mm512_loadu_si512(xq[r] + 64 * k);
+                    __asm__("" : "+v"(x[r])); /* keep it in a register: one load, four uses */
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    __m512i wk = wc[i][g][k];
+                    __asm__("" : "+v"(wk));
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) is[i][r] = _mm512_dpbusd_epi32(is[i][r], wk, x[r]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const __m512 dx = _mm512_loadu_ps(act->d + (rt + r) * nbp + g * CPU_Q8_0_GROUP);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[i][r]), _mm512_mul_ps(dwc[i][g], dx), acc[i][r]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            if (i >= no) break;
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) dst[(rt + r) * ds + o + i] = hsum16_one(acc[i][r]);
+        }
+    }
+    /* the last nr % 4 rows, one weight row at a time */
+    if (rt < r0 + nr) {
+        const int nt = (int)(r0 + nr - rt);
+        for (int i = 0; i < no; i++) {
+            const void *wrow = (const char *)w + (size_t)(o + i) * w_nb1;
+            switch (nt) {
+            case 1: q80_tile(wrow, Q4, act, rt, 1, dst, ds, o + i); break;
+            case 2: q80_tile(wrow, Q4, act, rt, 2, dst, ds, o + i); break;
+            default: q80_tile(wrow, Q4, act, rt, 3, dst, ds, o + i); break;
+            }
+        }
+    }
+}
+
+T512 INL void mm_q80_512(const void *w, size_t w_nb1, const int Q4, const cpu_act *act, int64_t r0, int64_t nr,
+                         float *dst, int64_t ds, int64_t o0, int64_t o1) {
+    if (nr >= 4 && act->row_len / CPU_Q8_0_GROUP_VALUES <= Q80_MAXG) {
+        for (int64_t o = o0; o < o1; o += 4) {
+            q80_block4(w, w_nb1, Q4, act, r0, nr, dst, ds, o, o1 - o >= 4 ? 4 : (int)(o1 - o));
+        }
+        return;
+    }
     for (int64_t o = o0; o < o1; o++) {
         const void *wrow = (const char *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += 16) {
             const int nt = r0 + nr - rt >= 16 ? 16 : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile(wrow, 0, act, rt, N, dst, ds, o)
+#define CALL(N) q80_tile(wrow, Q4, act, rt, N, dst, ds, o)
             TILE_SWITCH(nt, CALL)
 #undef CALL
         }
     }
 }
 
+T512 static void mm_q8_0_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    mm_q80_512(w, w_nb1, 0, act, r0, nr, dst, ds, o0, o1);
+}
+
 T512 static void mm_q4_0_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                              int64_t ds, int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; o++) {
-        const void *wrow = (const char *)w + (size_t)o * w_nb1;
-        for (int64_t rt = r0; rt < r0 + nr; rt += 16) {
-            const int nt = r0 + nr - rt >= 16 ? 16 : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile(wrow, 1, act, rt, N, dst, ds, o)
-            TILE_SWITCH(nt, CALL)
-#undef CALL
-        }
-    }
+    mm_q80_512(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
 }
 
 /* ---- Q4_K / Q6_K x Q8_K (two weight rows per vector) ---------------------------------------- */
@@ -341,6 +434,9 @@ T512 INL __m512i pair256(const void *a, const void *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
                               _mm256_loadu_si256((const __m256i *)b), 1);
 }
+
+/* f16 -> f32 with F16C (exact, like fp16_to_fp32). */
+T512 INL float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 T512 INL __m512 pair_ps(float a, float b) {
     return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
@@ -357,16 +453,18 @@ T512 INL void reduce_halves(__m512 v, float *lo, float *hi) {
     *hi = _mm_cvtss_f32(_mm_shuffle_ps(s, s, 1));
 }
 
+/* The 8 six-bit scales and mins of a Q4_K block (get_scale_min_k4 for j = 0..7) with 32-bit word
+ * operations: bytes 0-3 hold sc0-3 / m0-3 in their low 6 bits and the high 2 bits of sc4-7 /
+ * m4-7; bytes 8-11 hold the low 4 bits of sc4-7 (low nibbles) and m4-7 (high nibbles). */
 static void q4_K_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    #pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-    }
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
+    uint32_t u[3], o[4];
+    memcpy(u, q, 12);
+    o[0] = u[0] & 0x3f3f3f3fu;                                            /* sc0-3 */
+    o[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);      /* sc4-7 */
+    o[2] = u[1] & 0x3f3f3f3fu;                                            /* m0-3 */
+    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* m4-7 */
+    memcpy(sc, o, 8);
+    memcpy(m, o + 2, 8);
 }
 
 T512 INL void q4K_tile(const block_q4_K *A, const block_q4_K *B, int64_t nsb, const cpu_act *act, int64_t r0,
@@ -380,14 +478,14 @@ T512 INL void q4K_tile(const block_q4_K *A, const block_q4_K *B, int64_t nsb, co
         uint8_t sc[16], mn[16];
         q4_K_scales(a->scales, sc, mn);
         q4_K_scales(b->scales, sc + 8, mn + 8);
-        const __m512 dv = pair_ps(fp16_to_fp32(a->d), fp16_to_fp32(b->d));
-        const __m512 dmv = pair_ps(fp16_to_fp32(a->dmin), fp16_to_fp32(b->dmin));
+        const __m512 dv = pair_ps(h2f(a->d), h2f(b->d));
+        const __m512 dmv = pair_ps(h2f(a->dmin), h2f(b->dmin));
         const __m512i m32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)mn));
         const __m512i mv = _mm512_or_si512(m32, _mm512_slli_epi32(m32, 16)); /* (m_j, m_j) int16 pairs */
-        __m512i isum[8];
+        __m512i isum[8], isum2[8];
 #pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) isum[r] = _mm512_setzero_si512();
-        #pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) isum[r] = isum2[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
         for (int c2 = 0; c2 < 4; c2++) {
             const __m512i q = pair256(a->qs + 32 * c2, b->qs + 32 * c2);
             const __m512i wl = _mm512_and_si512(q, low), wh = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
@@ -398,12 +496,14 @@ T512 INL void q4K_tile(const block_q4_K *A, const block_q4_K *B, int64_t nsb, co
                 const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 64 * c2;
                 const __m512i pl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, bcast256(xq));
                 const __m512i ph = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wh, bcast256(xq + 32));
-                isum[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum[r], pl, sl), ph, sh);
+                isum[r] = _mm512_dpwssd_epi32(isum[r], pl, sl);
+                isum2[r] = _mm512_dpwssd_epi32(isum2[r], ph, sh); /* second chain (exact int sums) */
             }
         }
 #pragma GCC unroll 8
         for (int r = 0; r < NT; r++) {
             const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
+            isum[r] = _mm512_add_epi32(isum[r], isum2[r]);
             const __m512i msum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), bcast256(bs), mv);
             const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (act->n_in / QK_K) + sb]);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, dx), acc[r]);
@@ -436,17 +536,17 @@ T512 INL void q6K_tile(const block_q6_K *A, const block_q6_K *B, int64_t nsb, co
             _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales))),
             _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales)), 1);
         const __m512i s16n = _mm512_mullo_epi16(s16, _mm512_set1_epi16(-32));
-        const __m512 dv = pair_ps(fp16_to_fp32(a->d), fp16_to_fp32(b->d));
-        __m512i isum[8];
+        const __m512 dv = pair_ps(h2f(a->d), h2f(b->d));
+        __m512i isum[8], isum2[8];
 #pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) isum[r] = _mm512_setzero_si512();
-        #pragma GCC unroll 2
+        for (int r = 0; r < NT; r++) isum[r] = isum2[r] = _mm512_setzero_si512();
+#pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             const __m512i qh = pair256(a->qh + 32 * n, b->qh + 32 * n);
-            #pragma GCC unroll 2
+#pragma GCC unroll 2
             for (int k2 = 0; k2 < 2; k2++) {
                 const __m512i ql = pair256(a->ql + 64 * n + 32 * k2, b->ql + 64 * n + 32 * k2);
-                #pragma GCC unroll 2
+#pragma GCC unroll 2
                 for (int hi = 0; hi < 2; hi++) {
                     const int k = k2 + 2 * hi; /* value chunk 128n + 32k */
                     const __m512i lo4 = hi ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), low) : _mm512_and_si512(ql, low);
@@ -464,7 +564,11 @@ T512 INL void q6K_tile(const block_q6_K *A, const block_q6_K *B, int64_t nsb, co
                     for (int r = 0; r < NT; r++) {
                         const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 128 * n + 32 * k;
                         const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, bcast256(xq));
-                        isum[r] = _mm512_dpwssd_epi32(isum[r], p, sv);
+                        if (k & 1) {
+                            isum2[r] = _mm512_dpwssd_epi32(isum2[r], p, sv); /* second chain */
+                        } else {
+                            isum[r] = _mm512_dpwssd_epi32(isum[r], p, sv);
+                        }
                     }
                 }
             }
@@ -472,7 +576,7 @@ T512 INL void q6K_tile(const block_q6_K *A, const block_q6_K *B, int64_t nsb, co
 #pragma GCC unroll 8
         for (int r = 0; r < NT; r++) {
             const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
-            isum[r] = _mm512_dpwssd_epi32(isum[r], bcast256(bs), s16n);
+            isum[r] = _mm512_dpwssd_epi32(_mm512_add_epi32(isum[r], isum2[r]), bcast256(bs), s16n);
             const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (act->n_in / QK_K) + sb]);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, dx), acc[r]);
         }
@@ -610,6 +714,60 @@ T512 static void axpy_f16_512(float *y, float a, const uint16_t *x, int64_t n) {
     }
 }
 
+/* e^x for x <= 0 (after max subtraction): x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7
+ * Taylor polynomial (relative error < 2e-8 before rounding), times 2^n with vscalefps; x < -104
+ * gives 0. */
+T512 INL __m512 exp_neg512(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ);
+    return _mm512_maskz_scalef_ps((__mmask16)~tiny, p, n);
+}
+
+T512 static void softmax_row_512(float *p, const float *s, int64_t n) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + i));
+    float max = _mm512_reduce_max_ps(mx);
+    for (; i < n; i++) max = s[i] > max ? s[i] : max;
+    if (max == -INFINITY) {
+        memset(p, 0, (size_t)n * sizeof(float));
+        return;
+    }
+    const __m512 mv = _mm512_set1_ps(max);
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __m512 e = exp_neg512(_mm512_sub_ps(_mm512_loadu_ps(s + i), mv)); /* -inf -> 0 */
+        _mm512_storeu_ps(p + i, e);
+        sum0 = _mm512_add_pd(sum0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        sum1 = _mm512_add_pd(sum1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+    }
+    double sum = _mm512_reduce_add_pd(_mm512_add_pd(sum0, sum1));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(m, exp_neg512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), mv)));
+        _mm512_mask_storeu_ps(p + i, m, e);
+        sum += _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
+                                                  _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1))));
+    }
+    const __m512 inv = _mm512_set1_ps((float)(1.0 / sum));
+    for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(p + i, _mm512_mul_ps(_mm512_loadu_ps(p + i), inv));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(p + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + i), inv));
+    }
+}
+
 void cpu_kernels_init_avx512(cpu_kernels *k) {
     k->name = "avx512";
     k->matmul[QUANT_TYPE_F32] = mm_f32_512;
@@ -628,6 +786,7 @@ void cpu_kernels_init_avx512(cpu_kernels *k) {
     k->act_row[QUANT_TYPE_Q6_K] = act_row_q8_K_512;
     k->dot_f16 = dot_f16_512;
     k->axpy_f16 = axpy_f16_512;
+    k->softmax_row = softmax_row_512;
 }
 
 #else

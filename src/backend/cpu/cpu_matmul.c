@@ -15,7 +15,7 @@ typedef struct matmul_job {
     cpu_act act;
     cpu_matmul_fn kernel;
     cpu_act_row_fn prep;
-    int64_t chunk;          /* output rows per chunk (even) */
+    int64_t chunk;          /* output rows per chunk (a multiple of 4) */
     atomic_llong next;      /* next chunk start */
 } matmul_job;
 
@@ -64,10 +64,11 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
     const int nth_prep = (double)n_in * (double)n_rows >= 32768.0 ? (nth < n_rows ? nth : (int)n_rows) : 1;
     cpu_pool_run(be->pool, nth_prep, matmul_prep_fn, &job);
 
-    /* phase 2: about 8 chunks per thread for balance, even sizes (kernels pair rows) */
+    /* phase 2: about 8 chunks per thread for balance, multiples of 4 (kernels work on 2 or 4
+     * weight rows at a time) */
     int64_t chunk = (n_out + 8 * nth - 1) / (8 * nth);
     if (chunk < 16) chunk = 16;
-    chunk = (chunk + 1) & ~(int64_t)1;
+    chunk = (chunk + 3) & ~(int64_t)3;
     job.chunk = chunk;
     atomic_init(&job.next, 0);
     cpu_pool_run(be->pool, nth, matmul_compute_fn, &job);

@@ -165,7 +165,7 @@ static void attn_fn(void *ctx, int ith, int nth) {
             const float dot = k16 ? job->k->dot_f16(qv, kr, hd) : dot_f32(qv, kr, hd);
             s[j] = dot * scale + mrow[j];
         }
-        cpu_softmax_row_ref(s, s, n_kv);
+        job->k->softmax_row(s, s, n_kv);
         memset(acc, 0, (size_t)hd_v * sizeof(float));
         const char *vbase = (const char *)v->data + (size_t)hk * v->nb[1];
         for (int64_t j = 0; j < n_kv; j++) {

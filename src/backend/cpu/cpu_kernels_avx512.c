@@ -398,7 +398,16 @@ T512 INL void q80_block4(const void *w, size_t w_nb1, const int Q4, const cpu_ac
 T512 INL void mm_q80_512(const void *w, size_t w_nb1, const int Q4, const cpu_act *act, int64_t r0, int64_t nr,
                          float *dst, int64_t ds, int64_t o0, int64_t o1) {
     if (nr >= 4 && act->row_len / CPU_Q8_0_GROUP_VALUES <= Q80_MAXG) {
+        const size_t row_bytes = (size_t)(act->n_in / QK8_0) * (Q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
         for (int64_t o = o0; o < o1; o += 4) {
+            /* the next 4 weight rows are needed after a lot of arithmetic: fetch them now (the
+             * hardware prefetcher alone leaves the tile waiting on memory once W exceeds the caches) */
+            const int64_t on = o + 4 < o1 ? o + 4 : o1;
+            const int64_t oe = on + 4 < o1 ? on + 4 : o1;
+            for (const char *pf = (const char *)w + (size_t)on * w_nb1; pf < (const char *)w + (size_t)(oe - 1) * w_nb1 + row_bytes;
+                 pf += 64) {
+                _mm_prefetch(pf, _MM_HINT_T0);
+            }
             q80_block4(w, w_nb1, Q4, act, r0, nr, dst, ds, o, o1 - o >= 4 ? 4 : (int)(o1 - o));
         }
         return;

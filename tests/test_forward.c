@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TINY "--n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --head-dim 16 --n-ff 128 --n-vocab 320 --seed 7"
+#define TINY "--n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --head-dim 16 --n-ff 128 --n-vocab 640 --seed 7"
 
 static dfl_context *open_ctx(test_ctx *t, const char *path, dfl_model **model, int n_seq, int64_t n_ctx, int64_t n_batch,
                              bool kv_f32) {
@@ -37,7 +37,7 @@ static double compare_with_numpy(test_ctx *t, const char *type, bool kv_f32, int
     snprintf(args, sizeof(args), TINY " --type %s", type);
     if (!tu_make_models(t, type, args, target, NULL, sizeof(target))) return -1;
     int32_t toks[40];
-    for (int i = 0; i < 40; i++) toks[i] = (i * 37 + 11) % 320;
+    for (int i = 0; i < 40; i++) toks[i] = (i * 37 + 11) % 640;
     char csv[512];
     tu_ids_csv(toks, 40, csv, sizeof(csv));
     test_path(t, "ref.bin", ref_path, sizeof(ref_path));
@@ -53,21 +53,21 @@ static double compare_with_numpy(test_ctx *t, const char *type, bool kv_f32, int
     dfl_model *model = NULL;
     dfl_context *ctx = open_ctx(t, target, &model, 1, 128, n_ubatch, kv_f32);
     double e = -1;
-    if (ctx != NULL && ref != NULL && n_ref == 40 * 320) {
-        float *logits = malloc(40 * 320 * sizeof(float));
+    if (ctx != NULL && ref != NULL && n_ref == 40 * 640) {
+        float *logits = malloc(40 * 640 * sizeof(float));
         dfl_error err = {0};
         /* in chunks of n_ubatch to cross micro-batch boundaries */
         int64_t done = 0;
         bool ok = true;
         while (done < 40 && ok) {
             int64_t m = 40 - done < n_ubatch ? 40 - done : n_ubatch;
-            ok = tu_decode(ctx, 0, toks + done, m, logits + done * 320, &err) == DFL_OK;
+            ok = tu_decode(ctx, 0, toks + done, m, logits + done * 640, &err) == DFL_OK;
             done += m;
         }
         CHECK_MSG(ok, "decode: %s", err.msg);
-        if (ok) e = tu_rel_err(logits, ref, 40 * 320);
+        if (ok) e = tu_rel_err(logits, ref, 40 * 640);
         free(logits);
-    } else if (ref == NULL || n_ref != 40 * 320) {
+    } else if (ref == NULL || n_ref != 40 * 640) {
         test_fail(t, __FILE__, __LINE__, "reference output missing or wrong size (%lld)", (long long)n_ref);
     }
     free(ref);
@@ -110,13 +110,13 @@ TEST(forward_batch_invariance_and_sequences) {
     dfl_context *ctx = open_ctx(t, target, &model, 3, 64, 32, false);
     REQUIRE(ctx != NULL);
     int32_t a[12], b[9];
-    for (int i = 0; i < 12; i++) a[i] = (i * 13 + 5) % 320;
-    for (int i = 0; i < 9; i++) b[i] = (i * 29 + 1) % 320;
-    float *la = malloc(12 * 320 * sizeof(float)), *lb = malloc(9 * 320 * sizeof(float));
+    for (int i = 0; i < 12; i++) a[i] = (i * 13 + 5) % 640;
+    for (int i = 0; i < 9; i++) b[i] = (i * 29 + 1) % 640;
+    float *la = malloc(12 * 640 * sizeof(float)), *lb = malloc(9 * 640 * sizeof(float));
     dfl_error err = {0};
     /* seq 0: a in one batch; seq 1: b token by token */
     CHECK(tu_decode(ctx, 0, a, 12, la, &err) == DFL_OK);
-    for (int i = 0; i < 9; i++) CHECK(tu_decode(ctx, 1, b + i, 1, lb + i * 320, &err) == DFL_OK);
+    for (int i = 0; i < 9; i++) CHECK(tu_decode(ctx, 1, b + i, 1, lb + i * 640, &err) == DFL_OK);
     /* seq 2: a and b interleaved in ONE batch over seqs 2 and... use seq 2 for a, then compare */
     dfl_seq_remove(ctx, 0, 0, NULL);
     dfl_seq_remove(ctx, 1, 0, NULL);
@@ -129,19 +129,19 @@ TEST(forward_batch_invariance_and_sequences) {
     }
     REQUIRE(dfl_decode(ctx, bt, &err) == DFL_OK);
     double ea = 0, eb = 0;
-    for (int i = 0; i < 12; i++) ea = fmax(ea, tu_rel_err(dfl_get_logits(ctx, where_a[i]), la + i * 320, 320));
-    for (int i = 0; i < 9; i++) eb = fmax(eb, tu_rel_err(dfl_get_logits(ctx, where_b[i]), lb + i * 320, 320));
+    for (int i = 0; i < 12; i++) ea = fmax(ea, tu_rel_err(dfl_get_logits(ctx, where_a[i]), la + i * 640, 640));
+    for (int i = 0; i < 9; i++) eb = fmax(eb, tu_rel_err(dfl_get_logits(ctx, where_b[i]), lb + i * 640, 640));
     CHECK_MSG(ea < 1e-5, "interleaved vs one batch: %.3g", ea);
     CHECK_MSG(eb < 1e-5, "interleaved vs token by token: %.3g", eb);
     CHECK_EQ_INT(dfl_seq_len(ctx, 2), 12);
     CHECK_EQ_INT(dfl_seq_len(ctx, 0), 9);
     /* copy a sequence: continuing seq 2's copy gives the same logits as continuing seq 2 */
     REQUIRE(dfl_seq_copy(ctx, 2, 1, &err) == DFL_OK);
-    float l1[320], l2[320];
+    float l1[640], l2[640];
     int32_t nxt = 17;
     CHECK(tu_decode(ctx, 1, &nxt, 1, l1, &err) == DFL_OK);
     CHECK(tu_decode(ctx, 2, &nxt, 1, l2, &err) == DFL_OK);
-    CHECK(tu_rel_err(l1, l2, 320) < 1e-6);
+    CHECK(tu_rel_err(l1, l2, 640) < 1e-6);
     dfl_batch_free(bt);
     free(la);
     free(lb);
@@ -158,7 +158,7 @@ TEST(forward_bad_input_leaves_others_intact) {
     int32_t p[6] = {1, 2, 3, 4, 5, 6};
     dfl_error err = {0};
     REQUIRE(tu_decode(ctx, 0, p, 6, NULL, &err) == DFL_OK);
-    float before[320], after[320];
+    float before[640], after[640];
     int32_t probe = 9;
     /* the logits of the next token of seq 0, computed in a copy (seq 1), then seq 1 reset */
     REQUIRE(dfl_seq_copy(ctx, 0, 1, &err) == DFL_OK);

@@ -138,6 +138,11 @@ typedef struct dfl_spec_params {
     float min_p;
     uint64_t seed;
     dfl_feature_path features;   /* default DFL_FEATURES_DEVICE */
+    /* optional: called after each drafter pass with a sequence's draft tokens, which it may
+     * replace (other drafting strategies; tests that force acceptance patterns). Output stays
+     * lossless whatever it writes, as long as the ids are inside the vocabulary. */
+    void (*draft_hook)(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
+    void *draft_hook_user;
 } dfl_spec_params;
 
 typedef struct dfl_spec_stats {

@@ -261,6 +261,17 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
     if (st != DFL_OK) return st;
     double t1 = now_ms();
     s->stats.t_draft_ms += t1 - t0;
+    if (s->params.draft_hook != NULL) {
+        for (int32_t i = 0; i < n; i++) {
+            int32_t *d = s->draft + (size_t)i * (size_t)k;
+            s->params.draft_hook(s->params.draft_hook_user, seqs[i], d, k);
+            for (int32_t j = 0; j < k; j++) {
+                if (d[j] < 0 || d[j] >= s->n_vocab) {
+                    return error_set(err, DFL_ERR_INVALID, "draft hook: token %d is outside the vocabulary", d[j]);
+                }
+            }
+        }
+    }
 
     /* 2. verify */
     dfl_batch_clear(s->verify);

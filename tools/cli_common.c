@@ -115,6 +115,13 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
         else BAD("host or device");
         return 1;
     }
+    if (!strcmp(a, "--device")) {
+        NEED_VALUE();
+        if (!strcmp(v, "cpu")) o->device = DFL_DEVICE_CPU;
+        else if (!strcmp(v, "cuda")) o->device = DFL_DEVICE_CUDA;
+        else BAD("cpu or cuda");
+        return 1;
+    }
     if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) {
         NEED_VALUE(); if (!parse_i64(v, 1, 64, &iv)) BAD("1..64"); o->n_seq = (int32_t)iv; return 1;
     }
@@ -143,6 +150,7 @@ void cli_print_common_help(FILE *out) {
             "  --draft-max N           draft tokens per step (default block_size - 1)\n"
             "  --features host|device  how target features reach the drafter (default device;\n"
             "                          env DFLASH_FEATURES)\n"
+            "  --device cpu|cuda       where the model runs (default cpu; cuda needs a CUDA build)\n"
             "  --no-spec               ignore the drafter (plain autoregressive decoding)\n"
             "  --json                  print one JSON object at the end instead of streaming\n",
             cli_default_model_dir());
@@ -238,6 +246,7 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
     cp.n_ubatch = o->n_batch;
     cp.n_threads = o->n_threads;
     cp.n_threads_batch = o->n_threads_batch;
+    cp.device = o->device;
     if (spec) {
         const int64_t n_verify = (int64_t)o->n_seq * (n_draft + 1);
         if (cp.n_batch < n_verify) cp.n_batch = cp.n_ubatch = n_verify;
@@ -274,8 +283,9 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
             fprintf(stderr, "dflash %s: %s\n", cmd, err.msg);
             return 1;
         }
-        if (!quiet) fprintf(stderr, "dflash: target features via %s\n",
-                            o->features == DFL_FEATURES_HOST ? "host copies" : "device buffer");
+        if (!quiet) fprintf(stderr, "dflash: target features via %s (%s backend)\n",
+                            o->features == DFL_FEATURES_HOST ? "host copies" : "device buffer",
+                            o->device == DFL_DEVICE_CUDA ? "cuda" : "cpu");
     }
     return 0;
 }

@@ -25,6 +25,7 @@ typedef struct cli_opts {
     int32_t draft_max;        /* --draft-max */
     dfl_feature_path features;
     int32_t n_seq;
+    dfl_device device;        /* --device cpu|cuda */
 } cli_opts;
 
 void cli_opts_default(cli_opts *o);

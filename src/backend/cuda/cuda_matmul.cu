@@ -213,11 +213,14 @@ __global__ void __launch_bounds__(MMW_WARPS * 32) k_mm_wmma(const T *w, int64_t 
 
 /* ---- large batches: conversions for cuBLAS ---------------------------------------------------- */
 
+/* out [n_rows][n_in] = x rows rounded to T; grid.y strides over the rows (<= 65535 blocks). */
 template <typename T>
-__global__ void k_convert_rows(const char *x, int64_t x_nb1, T *out, int64_t n_in) {
-    const int64_t r = blockIdx.y;
+__global__ void k_convert_rows(const char *x, int64_t x_nb1, T *out, int64_t n_in, int64_t n_rows) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n_in) out[r * n_in + i] = cu_from_f32<T>(((const float *)(x + r * x_nb1))[i]);
+    if (i >= n_in) return;
+    for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        out[r * n_in + i] = cu_from_f32<T>(((const float *)(x + r * x_nb1))[i]);
+    }
 }
 
 /* out [rows][n_in] f32 = dequantize(w rows); block per row. */
@@ -362,12 +365,13 @@ static void matmul_large(cuda_backend *be, cuda_queue *q, const backend_op *op) 
     case QUANT_TYPE_BF16: {
         const bool f16 = w->type == QUANT_TYPE_F16;
         void *xh = cuda_queue_scratch(q, (size_t)n_in * (size_t)n_rows * 2);
-        const dim3 grid((unsigned)((n_in + 255) / 256), (unsigned)n_rows);
+        const dim3 grid((unsigned)((n_in + 255) / 256), (unsigned)(n_rows < 65535 ? n_rows : 65535));
         if (f16) {
-            k_convert_rows<__half><<<grid, 256, 0, st>>>((const char *)x->data, (int64_t)x->nb[1], (__half *)xh, n_in);
+            k_convert_rows<__half><<<grid, 256, 0, st>>>((const char *)x->data, (int64_t)x->nb[1], (__half *)xh, n_in,
+                                                         n_rows);
         } else {
             k_convert_rows<__nv_bfloat16><<<grid, 256, 0, st>>>((const char *)x->data, (int64_t)x->nb[1],
-                                                                (__nv_bfloat16 *)xh, n_in);
+                                                                (__nv_bfloat16 *)xh, n_in, n_rows);
         }
         CUDA_LAUNCH_CHECK("k_convert_rows");
         const cudaDataType_t ty = f16 ? CUDA_R_16F : CUDA_R_16BF;

@@ -577,7 +577,8 @@ TEST(cuda_op_matmul_vs_ref) {
     env_close(t, &e);
 }
 
-/* Row r of a matmul over R rows is bit-identical to row r over 64 rows, for R in 1..64. */
+/* Row r of a matmul over R rows is bit-identical to row r over 64 rows, for R in 1..64, and to the
+ * same row computed alone. */
 TEST(cuda_op_matmul_batch_invariance) {
     cu_env e;
     if (!env_open(t, &e, true)) return;
@@ -610,9 +611,91 @@ TEST(cuda_op_matmul_batch_invariance) {
                 }
                 free(part);
             }
+            /* a row alone (at column 0 of the first tile) gives the bits it has at its place in the
+             * 64-row op: what a token computes in decode vs inside a verification batch */
+            static const int64_t alone[] = {5, 17, 40, 63};
+            for (size_t ai = 0; ai < sizeof(alone) / sizeof(alone[0]); ai++) {
+                const int64_t ra = alone[ai];
+                backend_op op = L.op;
+                op.src[1].data = (uint8_t *)op.src[1].data + (size_t)ra * op.src[1].nb[1];
+                op.src[1].ne[1] = 1;
+                op.dst.data = (uint8_t *)op.dst.data + (size_t)ra * op.dst.nb[1];
+                op.dst.ne[1] = 1;
+                uint8_t *one = run_dev(t, e.be, &op, &L.b, what);
+                const size_t roff = off + (size_t)(ra * n_out) * 4;
+                if (one != NULL && memcmp(one + roff, full + roff, (size_t)n_out * 4) != 0) {
+                    test_fail(t, __FILE__, __LINE__, "%s: row %lld alone differs from row %lld of a 64-row op", what,
+                              (long long)ra, (long long)ra);
+                }
+                free(one);
+            }
             free(full);
             free(L.b.mem);
         }
+    }
+    env_close(t, &e);
+}
+
+/* Consecutive matmuls over one x on one queue (k/v, gate/up) share the quantized activations;
+ * an op_write into x, another op in between, or a different row count must not reuse them.
+ * Each result must equal (bit for bit) the same matmul run alone on a fresh queue. */
+TEST(cuda_op_matmul_activation_reuse) {
+    cu_env e;
+    if (!env_open(t, &e, true)) return;
+    rng r = {2024};
+    const int64_t n_in = 1024, n_out = 96, rows = 5;
+    dfl_error err = {0};
+    const uint32_t types[2] = {QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        const size_t wb = quant_row_size(types[ti], n_in) * (size_t)n_out, xb = (size_t)(n_in * rows) * 4,
+                     db = (size_t)(n_out * rows) * 4;
+        uint8_t *hw = malloc(2 * wb);
+        float *hx = malloc(xb), *hx2 = malloc(xb), *out = malloc(5 * db), *alone = malloc(db);
+        REQUIRE(hw && hx && hx2 && out && alone);
+        fill_weight(&r, types[ti], hw, n_in, 2 * n_out);
+        fill_f32(&r, hx, n_in * rows, 1.0f);
+        fill_f32(&r, hx2, n_in * rows, 1.0f);
+        backend_buffer *buf = backend_buffer_alloc(e.be, 2 * wb + xb + 5 * db + 4096, &err);
+        REQUIRE(buf != NULL);
+        backend_buffer_set(buf, 0, hw, 2 * wb);
+        tensor w1 = tensor_in_buffer(buf, 0, types[ti], n_in, n_out), w2 = tensor_in_buffer(buf, wb, types[ti], n_in, n_out);
+        tensor x = tensor_in_buffer(buf, 2 * wb, QUANT_TYPE_F32, n_in, rows);
+        tensor d[5];
+        for (int k = 0; k < 5; k++) d[k] = tensor_in_buffer(buf, 2 * wb + xb + (size_t)k * db, QUANT_TYPE_F32, n_out, rows);
+        backend_queue *q = backend_queue_new(e.be, &err);
+        REQUIRE(q != NULL);
+        op_write(q, x, hx, xb);
+        op_matmul(q, d[0], w1, x);                                  /* quantizes x */
+        op_matmul(q, d[1], w2, x);                                  /* reuses it */
+        op_write(q, x, hx2, xb);                                    /* x changes */
+        op_matmul(q, d[2], w1, x);                                  /* must quantize again */
+        tensor x3 = tensor_rows(&x, 0, 3), d3 = tensor_rows(&d[3], 0, 3);
+        op_matmul(q, d3, w2, x3);                                   /* fewer rows: no reuse */
+        op_scale(q, x, x, 0.5f);                                    /* another op writes x */
+        op_matmul(q, d[4], w1, x);
+        op_read(q, out, tensor_in_buffer(buf, 2 * wb + xb, QUANT_TYPE_F32, n_out, 5 * rows), 5 * db);
+        backend_queue_synchronize(q);
+        backend_queue_free(q);
+        /* each alone, on a fresh queue, from the same inputs */
+        for (int k = 0; k < 5; k++) {
+            float *hxk = malloc(xb);
+            REQUIRE(hxk);
+            memcpy(hxk, k < 2 ? hx : hx2, xb);
+            if (k == 4) for (int64_t i = 0; i < n_in * rows; i++) hxk[i] *= 0.5f;
+            backend_queue *q1 = backend_queue_new(e.be, &err);
+            REQUIRE(q1 != NULL);
+            op_write(q1, x, hxk, xb);
+            const int64_t nr = k == 3 ? 3 : rows;
+            op_matmul(q1, tensor_rows(&d[k], 0, nr), (k % 2) ? w2 : w1, tensor_rows(&x, 0, nr));
+            op_read(q1, alone, d[k], (size_t)(n_out * nr) * 4);
+            backend_queue_synchronize(q1);
+            backend_queue_free(q1);
+            CHECK_MSG(memcmp(alone, out + (size_t)k * (size_t)(n_out * rows), (size_t)(n_out * nr) * 4) == 0,
+                      "%s: matmul %d of the chain differs from the same matmul alone", quant_type_get(types[ti])->name, k);
+            free(hxk);
+        }
+        backend_buffer_free(buf);
+        free(hw); free(hx); free(hx2); free(out); free(alone);
     }
     env_close(t, &e);
 }
@@ -631,17 +714,17 @@ static void light_rmsnorm_rope(test_ctx *t, backend *be, rng *r) {
     tensor tw = tensor_1d(QUANT_TYPE_F32, w, n);
     backend_op op = mkop(BACKEND_OP_RMSNORM, td, &tx, &tw);
     op.f[0] = 1e-6f;
-    check_op(t, be, &op, &b, "rmsnorm", false, 1e-6, 2e-6);
+    check_op(t, be, &op, &b, "rmsnorm", false, 1e-6, 1e-5);
     op = mkop(BACKEND_OP_RMSNORM, tx, &tx, &tw);
     op.f[0] = 1e-5f;
-    check_op(t, be, &op, &b, "rmsnorm in place", false, 1e-6, 2e-6);
+    check_op(t, be, &op, &b, "rmsnorm in place", false, 1e-6, 1e-5);
     tensor xh = tensor_reshape_2d(&tx, 128, 8 * rows);
     op = mkop(BACKEND_OP_RMSNORM, xh, &xh, NULL);
     op.f[0] = 1e-6f;
-    check_op(t, be, &op, &b, "rmsnorm per head", false, 1e-6, 2e-6);
+    check_op(t, be, &op, &b, "rmsnorm per head", false, 1e-6, 1e-5);
     tensor x33 = tensor_2d(QUANT_TYPE_F32, x, 33, 5);
     op = mkop(BACKEND_OP_RMSNORM, tensor_2d(QUANT_TYPE_F32, d, 33, 5), &x33, NULL);
-    check_op(t, be, &op, &b, "rmsnorm 33 x 5", false, 1e-6, 2e-6);
+    check_op(t, be, &op, &b, "rmsnorm 33 x 5", false, 1e-6, 1e-5);
     /* rope [128, 16, 40]: plain, strided positions with n_rot 64 in place, large positions */
     int32_t *pos = blob_take(&b, 4 * 40 * sizeof(int32_t));
     for (int i = 0; i < 160; i++) pos[i] = (int32_t)((i * 37) % 3000);
@@ -854,7 +937,7 @@ TEST(cuda_op_attention_vs_ref) {
                          (long long)cases[c][0], (long long)cases[c][1], (long long)cases[c][2], (long long)cases[c][3],
                          (long long)cases[c][4], mk);
                 /* f16 V: the reference rounds the normalized probabilities to f16 (2^-11 of |v| <= 1) */
-                check_op(t, e.be, &L.op, &L.b, what, false, f16 ? 1e-3 : 1e-5, 2e-5);
+                check_op(t, e.be, &L.op, &L.b, what, false, f16 ? 1e-3 : 3e-5, 2e-5);
                 if (mk == 3) {
                     uint8_t *got = run_dev(t, e.be, &L.op, &L.b, what);
                     if (got != NULL) {

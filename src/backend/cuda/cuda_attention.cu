@@ -6,7 +6,9 @@
  *     each block scores its split for one (head, query) (a warp per cell, masked cells skipped),
  *     then writes the split's max m, sum l = sum exp(s - m) and acc = sum exp(s - m) v.
  *   k_attn_combine: grid (n_head, n_q): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)
- *     with M = max_s m_s, splits in order; a row whose cells are all masked gets zeros.
+ *     with M = max_s m_s, splits in order; a row whose cells are all masked gets zeros. With a
+ *     single split (n_kv <= ATT_CHUNK) k_attn_partial writes acc * (1/l) itself: the same bits
+ *     (the weight is e^0 = 1, fmaf(x, 1, 0) = x) without the second launch.
  * The split size is fixed, so a query row's result does not depend on how many rows the op has
  * (decode and verification give the same values). With an F16 cache q is rounded to f16 before
  * the dot products, as the CPU reference does. Partials live in the queue's scratch:
@@ -23,8 +25,8 @@ __device__ __forceinline__ float att_load(const char *row, int f16, int64_t i) {
 }
 
 __global__ void __launch_bounds__(ATT_THREADS) k_attn_partial(cuda_tensor q, cuda_tensor k, cuda_tensor v,
-                                                              cuda_tensor mask, float *part, float scale, int group,
-                                                              int n_split) {
+                                                              cuda_tensor mask, float *part, cuda_tensor dst,
+                                                              float scale, int group, int n_split) {
     extern __shared__ float att_sm[];
     const int split = blockIdx.x, h = blockIdx.y, iq = blockIdx.z;
     const int64_t hd = q.ne[0], hd_v = v.ne[0], n_kv = k.ne[2], n_head = q.ne[1];
@@ -60,10 +62,16 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_partial(cuda_tensor q, cud
     float m = -INFINITY;
     for (int t = threadIdx.x; t < n; t += blockDim.x) m = fmaxf(m, sc[t]);
     m = cu_block_max(m, red);
-    float *out = part + (((int64_t)iq * n_head + h) * n_split + split) * (2 + hd_v);
+    /* one split: the final values directly (the bits k_attn_combine would give: e^0 = 1) */
+    const bool direct = n_split == 1;
+    float *out = direct ? NULL : part + (((int64_t)iq * n_head + h) * n_split + split) * (2 + hd_v);
+    float *dr = direct ? (float *)(dst.data + h * dst.nb[1] + iq * dst.nb[2]) : NULL;
     if (m == -INFINITY) {
-        for (int64_t d = threadIdx.x; d < hd_v; d += blockDim.x) out[2 + d] = 0.0f;
-        if (threadIdx.x == 0) {
+        for (int64_t d = threadIdx.x; d < hd_v; d += blockDim.x) {
+            if (direct) dr[d] = 0.0f;
+            else out[2 + d] = 0.0f;
+        }
+        if (threadIdx.x == 0 && !direct) {
             out[0] = -INFINITY;
             out[1] = 0.0f;
         }
@@ -77,15 +85,17 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_partial(cuda_tensor q, cud
     }
     l = cu_block_sum(l, red); /* its barrier also publishes the probabilities */
     const char *vbase = v.data + hk * v.nb[1] + j0 * v.nb[2];
+    const float inv = 1.0f / l;
     for (int64_t d = threadIdx.x; d < hd_v; d += blockDim.x) {
         float acc = 0.0f;
         for (int t = 0; t < n; t++) {
             const float p = sc[t];
             if (p != 0.0f) acc = fmaf(p, att_load(vbase + t * v.nb[2], v16, d), acc);
         }
-        out[2 + d] = acc;
+        if (direct) dr[d] = acc * inv;
+        else out[2 + d] = acc;
     }
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && !direct) {
         out[0] = m;
         out[1] = l;
     }
@@ -136,13 +146,14 @@ void cuda_op_attention(cuda_backend *be, cuda_queue *q, const backend_op *op) {
     const float scale = op->f[0] != 0.0f ? op->f[0] : 1.0f / sqrtf((float)hd);
     const int n_split = (int)((n_kv + ATT_CHUNK - 1) / ATT_CHUNK);
     const size_t part_bytes = (size_t)n_q * (size_t)n_head * (size_t)n_split * (size_t)(2 + hd_v) * sizeof(float);
-    float *part = (float *)cuda_queue_scratch(q, part_bytes);
+    float *part = n_split > 1 ? (float *)cuda_queue_scratch(q, part_bytes) : NULL;
     const size_t sm1 = (size_t)(hd + ATT_CHUNK + 32) * sizeof(float);
     if (sm1 > 48 * 1024) cuda_fatal(__FILE__, __LINE__, "cuda_op_attention", "head_dim above 12000");
     dim3 g1((unsigned)n_split, (unsigned)n_head, (unsigned)n_q);
     k_attn_partial<<<g1, ATT_THREADS, sm1, q->stream>>>(cuda_view(qt), cuda_view(kt), cuda_view(vt), cuda_view(mt),
-                                                       part, scale, (int)(n_head / n_head_kv), n_split);
+                                                       part, cuda_view(dt), scale, (int)(n_head / n_head_kv), n_split);
     CUDA_LAUNCH_CHECK("k_attn_partial");
+    if (n_split == 1) return;
     dim3 g2((unsigned)n_head, (unsigned)n_q);
     const size_t sm2 = (size_t)n_split * sizeof(float);
     if (sm2 > 48 * 1024) cuda_fatal(__FILE__, __LINE__, "cuda_op_attention", "more than 12288 splits (n_kv too large)");

@@ -111,6 +111,7 @@ void *cuda_queue_scratch(cuda_queue *q, size_t bytes) {
 static void cuda_queue_synchronize(backend_queue *bq) {
     cuda_queue *q = (cuda_queue *)bq;
     cuda_backend *be = (cuda_backend *)bq->be;
+    q->xq_valid = false; /* the host may change x (backend_buffer_set) after this */
     cuda_set_device(be);
     CUDA_CHECK(cudaStreamSynchronize(q->stream));
     check_device_errors(be);
@@ -180,6 +181,7 @@ static void cuda_queue_submit(backend_queue *bq, const backend_op *op) {
     cuda_queue *q = (cuda_queue *)bq;
     cuda_backend *be = (cuda_backend *)bq->be;
     cuda_set_device(be);
+    if (op->kind != BACKEND_OP_MATMUL) q->xq_valid = false;
     switch (op->kind) {
     case BACKEND_OP_MATMUL: cuda_op_matmul(be, q, op); break;
     case BACKEND_OP_ATTENTION: cuda_op_attention(be, q, op); break;
@@ -231,6 +233,7 @@ static void cuda_event_record(backend_event *bev, backend_queue *bq) {
 static void cuda_queue_wait_event(backend_queue *bq, backend_event *bev) {
     cuda_event *ev = (cuda_event *)bev;
     if (!ev->recorded.load()) return; /* never recorded: complete */
+    ((cuda_queue *)bq)->xq_valid = false; /* another queue may have written x */
     cuda_set_device((cuda_backend *)bq->be);
     CUDA_CHECK(cudaStreamWaitEvent(((cuda_queue *)bq)->stream, ev->ev, 0));
 }

@@ -101,6 +101,12 @@ typedef struct cuda_queue {
     size_t stage_cap, stage_head;
     void *scratch;              /* per-op device scratch (quantized activations, partials) */
     size_t scratch_size;
+    /* the Q8_0 activations in the scratch stay valid for the next op when it is a matmul over
+     * the same x (k and v, gate and up share their input): any other op, a device-side wait or
+     * a synchronization invalidates them */
+    bool xq_valid;
+    const void *xq_x;
+    int64_t xq_nb1, xq_n_in, xq_rows;
 } cuda_queue;
 
 typedef struct cuda_event {

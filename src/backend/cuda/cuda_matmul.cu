@@ -8,8 +8,9 @@
  *     output rows; its 8 warps take the 64-wide k chunks c = warp, warp + 8, ... and their
  *     accumulators are summed in warp order at the end (a fixed split of k, no atomics).
  *   - Q8_0 / Q4_0: x is quantized to Q8_0 blocks first (d = amax/127 rounded to f16,
- *     q = round-half-even(x * 127/amax), as the CPU's AVX path), then a warp per output row takes
- *     8 blocks per step (4 lanes per block, 8 quants per lane) with integer dp4a dot products.
+ *     q = round-half-even(x * 127/amax), as the CPU's AVX path; kept for a directly following
+ *     matmul over the same x), then a warp per output row takes 8 blocks per step (4 lanes per
+ *     block, 8 quants per lane) with integer dp4a dot products.
  *   - everything else (F32, Q4_K, Q6_K, unaligned F16 / BF16): a warp per output row dequantizes
  *     8 weights per lane per step and accumulates in f32 (a tiled dequantizing mat-vec).
  * In each of them an output's value is produced by the same sequence of operations whatever
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(128) k_mm_dp4a(const uint8_t *w, int64_t w_nb1
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-#pragma unroll 2
+#pragma unroll 4
     for (int64_t b = lane >> 2; b < nb; b += 8) {
         const uint8_t *blk = wr + b * BSZ;
         const float dw = cu_f16_to_f32(cu_ld_u16(blk));
@@ -303,6 +304,8 @@ static void matmul_small(cuda_queue *q, const backend_op *op) {
     const uint8_t *wd = (const uint8_t *)w->data;
     const int64_t w_nb1 = (int64_t)w->nb[1], x_nb1 = (int64_t)x->nb[1];
     float *dd = (float *)d->data;
+    const bool q8 = w->type == QUANT_TYPE_Q8_0 || w->type == QUANT_TYPE_Q4_0;
+    if (!q8) q->xq_valid = false;
     if (wmma_ok(w)) {
         const int nt = (n_rows + 15) / 16;
         const dim3 grid((unsigned)(n_out / 16));
@@ -317,15 +320,24 @@ static void matmul_small(cuda_queue *q, const backend_op *op) {
     }
     const int nr = rows_bucket(n_rows);
     const dim3 grid((unsigned)((n_out + 3) / 4));
-    if (w->type == QUANT_TYPE_Q8_0 || w->type == QUANT_TYPE_Q4_0) {
+    if (q8) {
         const int64_t nb = n_in / 32;
         const size_t q_bytes = align256((size_t)n_rows * (size_t)n_in);
+        const bool reuse = q->xq_valid && q->xq_x == x->data && q->xq_nb1 == x_nb1 && q->xq_n_in == n_in &&
+                           q->xq_rows == n_rows;
         char *scr = (char *)cuda_queue_scratch(q, q_bytes + (size_t)n_rows * (size_t)nb * sizeof(float));
         int8_t *xq = (int8_t *)scr;
         float *xd = (float *)(scr + q_bytes);
-        k_quantize_q8<<<dim3((unsigned)((nb + 7) / 8), (unsigned)n_rows), 256, 0, st>>>((const char *)x->data, x_nb1, xq,
-                                                                                         xd, n_in);
-        CUDA_LAUNCH_CHECK("k_quantize_q8");
+        if (!reuse) {
+            k_quantize_q8<<<dim3((unsigned)((nb + 7) / 8), (unsigned)n_rows), 256, 0, st>>>((const char *)x->data, x_nb1,
+                                                                                             xq, xd, n_in);
+            CUDA_LAUNCH_CHECK("k_quantize_q8");
+            q->xq_valid = true;
+            q->xq_x = x->data;
+            q->xq_nb1 = x_nb1;
+            q->xq_n_in = n_in;
+            q->xq_rows = n_rows;
+        }
         if (w->type == QUANT_TYPE_Q8_0) {
             launch_dp4a<QUANT_TYPE_Q8_0>(nr, grid, st, wd, w_nb1, xq, xd, dd, ldd, n_in, n_out, n_rows);
         } else {
@@ -405,6 +417,7 @@ void cuda_op_matmul(cuda_backend *be, cuda_queue *q, const backend_op *op) {
     if (op->src[1].ne[1] <= MM_SMALL_ROWS) {
         matmul_small(q, op);
     } else {
+        q->xq_valid = false; /* the cuBLAS paths use the scratch */
         matmul_large(be, q, op);
     }
 }

@@ -74,7 +74,7 @@ __device__ __forceinline__ void cu_dequant8(uint32_t type, const uint8_t *row, i
         const uint8_t *qs = b + 16 + 32 * c + (w & 31);
         const int shift = w < 32 ? 0 : 4;
 #pragma unroll
-        for (int i = 0; i < 8; i++) y[i] = d1 * (float)((qs[i] >> shift) & 0x0f) - m1;
+        for (int i = 0; i < 8; i++) y[i] = __fmul_rn(d1, (float)((qs[i] >> shift) & 0x0f)) - m1; /* no fma: as the CPU */
         break;
     }
     case QUANT_TYPE_Q6_K: {

@@ -958,7 +958,8 @@ TEST(cuda_op_attention_vs_ref) {
     env_close(t, &e);
 }
 
-/* A query row gives the same bits alone as inside a 16-row op. */
+/* A query row gives the same bits alone as inside a 16-row op, and over exactly its visible cells
+ * (decode) as inside a causal verification op over more cells. */
 TEST(cuda_op_attention_row_invariance) {
     cu_env e;
     if (!env_open(t, &e, true)) return;
@@ -981,6 +982,35 @@ TEST(cuda_op_attention_row_invariance) {
         if (one != NULL) {
             CHECK_MSG(memcmp(one + off + (size_t)iq * row_bytes, full + off + (size_t)iq * row_bytes, row_bytes) == 0,
                       "query row %lld alone differs from the same row in a 16-row op", (long long)iq);
+        }
+        free(one);
+    }
+    free(full);
+    free(L.b.mem);
+    /* decode vs verification: a causal 16-row op over 260 cells (two splits) against each row
+     * alone over exactly the cells it sees (245 + i: one split for the first rows) */
+    attn_make(&L, &r, QUANT_TYPE_F16, 128, 8, 2, 16, 260, 1);
+    full = run_dev(t, e.be, &L.op, &L.b, "attention 16 rows causal");
+    REQUIRE(full != NULL);
+    const size_t off2 = (size_t)((uint8_t *)L.op.dst.data - L.b.mem);
+    const size_t row2 = (size_t)(128 * 8) * 4;
+    for (int64_t iq = 0; iq < 16; iq += 3) {
+        backend_op op = L.op;
+        const int64_t n_kv = 245 + iq;
+        op.src[0].data = (uint8_t *)op.src[0].data + (size_t)iq * op.src[0].nb[2];
+        op.src[0].ne[2] = 1;
+        op.src[1].ne[2] = n_kv;
+        op.src[2].ne[2] = n_kv;
+        op.src[3].data = (uint8_t *)op.src[3].data + (size_t)iq * op.src[3].nb[1];
+        op.src[3].ne[0] = n_kv;
+        op.src[3].ne[1] = 1;
+        op.dst.data = (uint8_t *)op.dst.data + (size_t)iq * op.dst.nb[2];
+        op.dst.ne[2] = 1;
+        uint8_t *one = run_dev(t, e.be, &op, &L.b, "attention decode row");
+        if (one != NULL) {
+            CHECK_MSG(memcmp(one + off2 + (size_t)iq * row2, full + off2 + (size_t)iq * row2, row2) == 0,
+                      "row %lld over its %lld cells differs from the same row in the causal 16-row op", (long long)iq,
+                      (long long)n_kv);
         }
         free(one);
     }

@@ -53,7 +53,7 @@ static backend_buffer *cuda_buffer_alloc(backend *bbe, size_t size, dfl_error *e
         cudaGetLastError(); /* clear the sticky-free error state of a failed allocation */
         free(buf);
         size_t free_b = 0, total_b = 0;
-        cudaMemGetInfo(&free_b, &total_b);
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError(); /* best effort, for the message */
         error_set(err, DFL_ERR_NOMEM, "cuda backend: cannot allocate %.1f MiB of device memory (%.1f MiB free of %.1f): %s",
                   (double)size / 1048576.0, (double)free_b / 1048576.0, (double)total_b / 1048576.0,
                   cudaGetErrorString(e));
@@ -121,7 +121,10 @@ static void cuda_queue_free(backend_queue *bq) {
     cuda_queue *q = (cuda_queue *)bq;
     cuda_set_device((cuda_backend *)bq->be);
     if (q->stream != NULL) CUDA_CHECK(cudaStreamSynchronize(q->stream));
-    if (q->blas != NULL) ((cuda_backend *)bq->be)->blas.destroy(q->blas);
+    if (q->blas != NULL) {
+        const cuda_blas_api *api = &((cuda_backend *)bq->be)->blas;
+        CUBLAS_CHECK(api, api->destroy(q->blas));
+    }
     if (q->scratch != NULL) CUDA_CHECK(cudaFree(q->scratch));
     if (q->stage != NULL) CUDA_CHECK(cudaFreeHost(q->stage));
     if (q->stream != NULL) CUDA_CHECK(cudaStreamDestroy(q->stream));
@@ -294,8 +297,8 @@ static dfl_status cuda_op_supported(const backend *be, const backend_op *op, dfl
 static void cuda_free(backend *bbe) {
     cuda_backend *be = (cuda_backend *)bbe;
     cuda_set_device(be);
-    if (be->xfer != NULL) cudaStreamDestroy(be->xfer);
-    if (be->err_host != NULL) cudaFreeHost(be->err_host);
+    if (be->xfer != NULL) CUDA_CHECK(cudaStreamDestroy(be->xfer));
+    if (be->err_host != NULL) CUDA_CHECK(cudaFreeHost(be->err_host));
     cuda_blas_unload(&be->blas);
     free(be);
 }

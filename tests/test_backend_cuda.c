@@ -418,7 +418,7 @@ TEST(cuda_events_order_queues) {
         /* A: y = W x repeated (slow), then y *= 2; record `written` */
         op_write(qa, w, hw, (size_t)(n * n) * sizeof(float));
         op_write(qa, x, hx, (size_t)n * sizeof(float));
-        for (int k = 0; k < 200; k++) op_matmul(qa, y, w, x);
+        for (int k = 0; k < 100; k++) op_matmul(qa, y, w, x);
         op_scale(qa, y, y, 2.0f);
         backend_event_record(written, qa);
         if (round == 0) {

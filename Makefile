@@ -24,6 +24,9 @@ TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/runner.o
+# The test runner links a variant of the library built with -DDFL_TEST_HOOKS (fault injection for
+# the ordering tests); the release library and CLI never contain the hooks.
+TLIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/test-obj/%.o)
 
 # ---- CUDA backend (optional) ----------------------------------------------------------------
 # CUDA=auto (default): built when nvcc is found; CUDA=1: required; CUDA=0: never (CPU only).
@@ -49,6 +52,7 @@ ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(CUDA_ARCH) $(NVCC_WERROR) -Xcompiler -
                 -Iinclude -Isrc -DDFL_HAVE_CUDA -DDFL_CUDA_LIBDIR=\"$(CUDA_HOME)/lib64\" -MMD -MP
 ALL_CFLAGS += -DDFL_HAVE_CUDA
 LIB_OBJ   += $(CUDA_OBJ)
+TLIB_OBJ  += $(CUDA_OBJ)
 # cuBLAS is opened at run time (src/backend/cuda/cuda_blas.cu): linking it costs every process
 # about a second of start-up; the run path lets that dlopen find it
 LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++
@@ -82,7 +86,7 @@ $(CONFIG_STAMP):
 	@rm -f $(BUILD)/.config-cuda-*
 	@touch $@
 
-$(LIB_OBJ) $(TOOL_OBJ) $(TEST_OBJ): $(CONFIG_STAMP)
+$(LIB_OBJ) $(TLIB_OBJ) $(TOOL_OBJ) $(TEST_OBJ): $(CONFIG_STAMP)
 
 # `make bench-cuda`: the CUDA benchmark program (tests/bench/bench_cuda.c) used by
 # tools/device-check.sh.
@@ -90,6 +94,18 @@ bench-cuda: $(BUILD)/bench-cuda
 $(BUILD)/bench-cuda: tests/bench/bench_cuda.c $(BUILD)/libdflash.a $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ tests/bench/bench_cuda.c $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/test-obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DDFL_TEST_HOOKS -c $< -o $@
+
+$(BUILD)/tests/%.o: tests/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DDFL_TEST_HOOKS -c $< -o $@
+
+$(BUILD)/libdflash-test.a: $(TLIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
 
 $(BUILD)/libdflash.a: $(LIB_OBJ)
 	@rm -f $@
@@ -107,10 +123,10 @@ $(BUILD)/tests/test_list.h: $(TEST_SRC) tests/gen_list.sh
 
 $(BUILD)/tests/runner.o: tests/runner.c $(BUILD)/tests/test_list.h
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -I$(BUILD)/tests -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -DDFL_TEST_HOOKS -I$(BUILD)/tests -c $< -o $@
 
-$(BUILD)/dflash-tests: $(TEST_OBJ) $(BUILD)/libdflash.a
-	$(CC) $(ALL_CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
+$(BUILD)/dflash-tests: $(TEST_OBJ) $(BUILD)/libdflash-test.a
+	$(CC) $(ALL_CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libdflash-test.a $(LDFLAGS) $(LDLIBS)
 
 # Runs every test (C unit tests, CLI tests, numpy reference and llama.cpp peer tests; the last
 # two skip with a message where python3-numpy or node are missing).
@@ -123,7 +139,7 @@ deps:
 
 # The README's two commands.
 # `make check`: everything CI runs (the plain suite, then ASan+UBSan, then TSan on the threaded tests).
-TSAN_TESTS ?= thread async pool queue event
+TSAN_TESTS ?= thread async pool queue event feature_order backend_queue
 check: deps
 	$(MAKE) test
 	$(MAKE) asan
@@ -161,3 +177,10 @@ clean:
 	rm -rf build build-asan build-tsan build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# `make bench-ops`: CPU backend matmul micro-benchmark (tests/bench/bench_ops.c).
+.PHONY: bench-ops
+$(BUILD)/bench_ops: tests/bench/bench_ops.c $(BUILD)/libdflash.a
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
+bench-ops: $(BUILD)/bench_ops
+	./$(BUILD)/bench_ops $(BENCH_ARGS)

@@ -95,6 +95,12 @@ typedef struct dfl_context_params {
      * (id L = residual stream entering layer L; id n_layer = the last layer's output) */
     int32_t n_capture;
     const int32_t *capture_layers;
+    /* the capture goes into ONE feature buffer [n_capture*n_embd, n_batch] in backend memory
+     * (row r = batch entry r, columns in capture_layers order, any id order) unless disabled
+     * here or larger than feature_buffer_max bytes (0: no cap); then features are staged per
+     * micro-batch and copied to host memory (the host path) */
+    bool no_feature_buffer;
+    size_t feature_buffer_max;
     /* the backend a context creates when it shares none (default DFL_DEVICE_CPU); a drafter
      * context always runs on its target's backend */
     dfl_device device;
@@ -112,8 +118,11 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err);
 /* Logits [n_vocab] of entry i of the last decoded batch; NULL if i had no output. */
 const float *dfl_get_logits(const dfl_context *ctx, int64_t i);
 /* Captured layer inputs of entry i of the last batch: [n_capture * n_embd] floats, in the
- * capture_layers order; NULL without capture. */
+ * capture_layers order; NULL without capture or when they stay in the device feature buffer. */
 const float *dfl_get_features(const dfl_context *ctx, int64_t i);
+/* True when the context captures into a device feature buffer (else: host path), and why not. */
+bool dfl_context_has_feature_buffer(const dfl_context *ctx);
+const char *dfl_context_feature_buffer_note(const dfl_context *ctx);
 int64_t dfl_n_vocab(const dfl_context *ctx);
 int64_t dfl_n_ctx(const dfl_context *ctx);
 int32_t dfl_n_seq(const dfl_context *ctx);
@@ -140,6 +149,15 @@ typedef enum dfl_feature_path {
     DFL_FEATURES_HOST = 1,   /* features are copied through host memory */
 } dfl_feature_path;
 
+/* How the drafter waits for the target's `written` event before it reads the feature buffer:
+ * on the host (event synchronize, the seed's choice: a device-side wait would stall the
+ * drafter's queue for the whole target batch) or on its queue (device-side; only where the
+ * backend's queues are independent). */
+typedef enum dfl_feature_wait {
+    DFL_WAIT_HOST = 0,
+    DFL_WAIT_DEVICE = 1,
+} dfl_feature_wait;
+
 typedef struct dfl_spec_params {
     int32_t n_draft;             /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
     float temp;                  /* <= 0: greedy */
@@ -148,6 +166,7 @@ typedef struct dfl_spec_params {
     float min_p;
     uint64_t seed;
     dfl_feature_path features;   /* default DFL_FEATURES_DEVICE */
+    dfl_feature_wait wait;       /* default DFL_WAIT_HOST */
     /* optional: called after each drafter pass with a sequence's draft tokens, which it may
      * replace (other drafting strategies; tests that force acceptance patterns). Output stays
      * lossless whatever it writes, as long as the ids are inside the vocabulary. */
@@ -185,7 +204,10 @@ dfl_status dfl_spec_step(dfl_spec *spec, int32_t n, const int32_t *seqs, int32_t
 void dfl_spec_seq_reset(dfl_spec *spec, int32_t seq);
 int32_t dfl_spec_n_draft(const dfl_spec *spec);
 dfl_spec_stats dfl_spec_get_stats(const dfl_spec *spec);
+/* "device" or "host": the path in use (a device request falls back to host copies when the
+ * target has no feature buffer or the drafter cannot read it); the note says why. */
 const char *dfl_spec_feature_path_name(const dfl_spec *spec);
+const char *dfl_spec_feature_note(const dfl_spec *spec);
 
 /* Hyperparameters of a loaded model. */
 typedef struct dfl_hparams {
@@ -213,6 +235,9 @@ typedef struct dfl_hparams {
 } dfl_hparams;
 
 const dfl_hparams *dfl_model_hparams(const dfl_model *model);
+/* Bytes and elements of all the model's tensors. */
+uint64_t dfl_model_n_bytes(const dfl_model *model);
+uint64_t dfl_model_n_params(const dfl_model *model);
 const char *dfl_arch_name(dfl_arch arch);
 
 /* ---- batch ------------------------------------------------------------------------------ */
@@ -341,14 +366,17 @@ int32_t dfl_vocab_find(const dfl_vocab *vocab, const char *text, size_t len);
 const char *dfl_vocab_pre_name(const dfl_vocab *vocab);
 
 /* Tokenizes text[0..len) (any bytes) into tokens[0..n_max). Returns the token count n; if n > n_max,
- * writes the first n_max and returns -n; DFL_VOCAB_FAIL on a bad argument or out of memory.
+ * writes the first n_max and returns -n (tokens NULL, n_max 0 = a count query); DFL_VOCAB_FAIL on a
+ * bad argument (len > INT32_MAX included) or out of memory. Thread-safe (one vocabulary may serve
+ * many threads). n <= 3 * len + 2 always (NFC can lengthen the text: use that bound, or the count
+ * query, to size tokens; n <= len + 2 for text that NFC leaves alone).
  * add_special: add BOS (and EOS) where the vocabulary asks for it (tokenizer.ggml.add_bos_token).
  * parse_special: control tokens written in the text (e.g. "<|im_start|>") become those tokens;
  * otherwise they are tokenized as plain text. User-defined tokens are always matched.
  * Pipeline (as the reference tokenizer): special tokens (leftmost, longest first), then NFC
  * (Qwen2/3), the pre-tokenizer regex, byte-level BPE. Bytes that are not part of well-formed
  * UTF-8 split the text like special tokens and each becomes its own byte token, so
- * dfl_detokenize(dfl_tokenize(x)) == x for every NFC input, valid UTF-8 or not. */
+ * dfl_detokenize(dfl_tokenize(x), special = true) == x for every NFC input, valid UTF-8 or not. */
 int64_t dfl_tokenize(const dfl_vocab *vocab, const char *text, size_t len, int32_t *tokens, int64_t n_max,
                      bool add_special, bool parse_special);
 

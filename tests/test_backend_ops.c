@@ -818,3 +818,82 @@ TEST(backend_op_validation_messages) {
     CHECK_STR_CONTAINS(err.msg, "no data");
     backend_free(be);
 }
+
+/* ---- batch invariance and the activation quantizers ---------------------------------------- */
+
+/* A row's result does not depend on the other rows of the batch nor on its position in it (the
+ * speculative verify batch must reproduce single-token decoding bit for bit). */
+TEST(backend_matmul_batch_invariant) {
+    rng r = {2024};
+    enum { N_IN = 1024, N_OUT = 67, N_ROWS = 21 };
+    static float x[N_IN * N_ROWS], y_all[N_OUT * N_ROWS], y_one[N_OUT];
+    fill_f32(&r, x, N_IN * N_ROWS, 2.0f);
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        backend *be = make_backend(2, level, false);
+        REQUIRE(be);
+        for (size_t ti = 0; ti < sizeof(k_mm_types) / sizeof(k_mm_types[0]); ti++) {
+            const uint32_t type = k_mm_types[ti];
+            void *w = make_weight(&r, type, N_IN, N_OUT);
+            REQUIRE(w);
+            mm_run(be, type, w, N_IN, N_OUT, x, N_ROWS, y_all);
+            const int rows_to_check[4] = {0, 5, 16, 20};
+            for (int i = 0; i < 4; i++) {
+                const int row = rows_to_check[i];
+                mm_run(be, type, w, N_IN, N_OUT, x + row * N_IN, 1, y_one);
+                CHECK_MSG(memcmp(y_one, y_all + row * N_OUT, sizeof(y_one)) == 0,
+                          "matmul %s %s: row %d alone differs from row %d of a batch of %d", quant_type_get(type)->name,
+                          k_level_names[level], row, row, N_ROWS);
+            }
+            free(w);
+        }
+        backend_free(be);
+    }
+}
+
+/* Q8_0 activations round half to even with id = 127 / amax, d stored as f16 (ggml's x86
+ * quantize_row_q8_0); Q8_K uses the signed value of largest magnitude: q(max) = -127. */
+TEST(backend_act_quantizer_rules) {
+    float x[544];
+    for (int i = 0; i < 544; i++) x[i] = 0.0f;
+    /* block 0: amax = 127 -> id = 1: ties 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -0.5 -> 0, -1.5 -> -2 */
+    x[0] = 127.0f; x[1] = 0.5f; x[2] = 1.5f; x[3] = 2.5f; x[4] = -0.5f; x[5] = -1.5f; x[6] = -127.0f; x[7] = 3.49f;
+    /* block 16 (first of the second group): one value */
+    x[16 * 32 + 3] = -0.25f;
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        cpu_kernels k;
+        cpu_kernels_select(&k, cpu_features_detect() & ~level_disable(level));
+        static uint8_t mem[1 << 16] __attribute__((aligned(64)));
+        cpu_act a;
+        REQUIRE(cpu_act_bytes(CPU_DOT_Q8_0, 544, 1) <= sizeof(mem));
+        cpu_act_layout(&a, CPU_DOT_Q8_0, 544, 1, mem);
+        k.act_row[QUANT_TYPE_Q8_0](&a, 0, x);
+        const int8_t expect[8] = {127, 0, 2, 2, 0, -2, -127, 3};
+        for (int i = 0; i < 8; i++) {
+            CHECK_MSG(a.qs[cpu_q8_0_offset(i)] == expect[i], "%s: q8_0 value %d: %d, expected %d", k_level_names[level], i,
+                      a.qs[cpu_q8_0_offset(i)], expect[i]);
+        }
+        CHECK_NEAR(a.d[0], 1.0, 0);
+        CHECK_EQ_INT(a.ns[0], -(127 + 0 + 2 + 2 + 0 - 2 - 127 + 3));
+        CHECK_EQ_INT(a.qs[cpu_q8_0_offset(16 * 32 + 3)], -127);
+        CHECK_NEAR(a.d[16], fp16_to_fp32(fp32_to_fp16(0.25f / 127.0f)), 0);
+        CHECK_EQ_INT(a.row_len, 1024); /* 17 blocks -> 2 groups of 16 */
+        CHECK_NEAR(a.d[20], 0.0, 0);   /* padding block */
+
+        cpu_act_layout(&a, CPU_DOT_Q8_K, 512, 1, mem);
+        float xk[512];
+        for (int i = 0; i < 512; i++) xk[i] = (float)(i % 7) * 0.1f;
+        xk[10] = -2.0f;  /* the value of largest magnitude (first of the two) */
+        xk[200] = 2.0f;
+        k.act_row[QUANT_TYPE_Q6_K](&a, 0, xk);
+        /* max = -2 (signed): iscale = -127 / max = 63.5, q(-2) = -127, q(2) = 127, d = 1 / 63.5 */
+        CHECK_EQ_INT(a.qs[10], -127);
+        CHECK_EQ_INT(a.qs[200], 127);
+        CHECK_NEAR(a.d[0], 1.0f / 63.5f, 0);
+        int sum = 0;
+        for (int i = 16; i < 32; i++) sum += a.qs[i];
+        CHECK_EQ_INT(a.bsums[1], sum);
+        CHECK(a.d[1] < 0.0f && a.d[1] > -0.01f); /* second block: max 0.6 positive -> d = -0.6 / 127 */
+    }
+}

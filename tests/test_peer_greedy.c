@@ -96,11 +96,13 @@ static bool our_greedy(test_ctx *t, const char *path, int32_t prompts[N_PROMPTS]
     return ok;
 }
 
-static void compare_type(test_ctx *t, const char *type, int *n_equal_out, int *n_total_out) {
+static void compare_type(test_ctx *t, const char *type, const char *arch, int *n_equal_out, int *n_total_out) {
     char tpath[512], args[512];
     snprintf(args, sizeof(args), "--n-embd 128 --n-layer 4 --n-head 4 --n-head-kv 2 --head-dim 32 --n-ff 256 "
-             "--n-vocab %d --type %s --seed 21", NV, type);
-    if (!tu_make_models(t, type, args, tpath, NULL, sizeof(tpath))) return;
+             "--n-vocab %d --type %s --arch %s --seed 21", NV, type, arch);
+    char dir[64];
+    snprintf(dir, sizeof(dir), "%s_%s", type, arch);
+    if (!tu_make_models(t, dir, args, tpath, NULL, sizeof(tpath))) return;
     static int32_t prompts[N_PROMPTS][48];
     int lens[N_PROMPTS];
     static char cases[8192];
@@ -130,7 +132,7 @@ static void compare_type(test_ctx *t, const char *type, int *n_equal_out, int *n
         else test_fail(t, __FILE__, __LINE__, "%s prompt %d (%d tokens): first difference at token %d: ours %d, llama.cpp %d",
                        type, s, lens[s], first_diff, ours[s][first_diff], ref[s][first_diff]);
     }
-    printf("    %s: %d of %d prompts x %d tokens identical to llama.cpp\n", type, n_equal, N_PROMPTS, N_GEN);
+    printf("    %s %s: %d of %d prompts x %d tokens identical to llama.cpp\n", arch, type, n_equal, N_PROMPTS, N_GEN);
     *n_equal_out += n_equal;
     *n_total_out += N_PROMPTS;
 }
@@ -139,6 +141,7 @@ TEST(peer_greedy_tokens_match_llama_cpp) {
     if (!have_node(t)) return;
     const char *types[] = {"f32", "f16", "q8_0", "q4_0"};
     int eq = 0, tot = 0;
-    for (int i = 0; i < 4; i++) compare_type(t, types[i], &eq, &tot);
+    for (int i = 0; i < 4; i++) compare_type(t, types[i], "qwen3", &eq, &tot);
+    compare_type(t, "q8_0", "llama", &eq, &tot);
     CHECK_EQ_INT(eq, tot);
 }

@@ -49,7 +49,8 @@ static bool pair_open(test_ctx *t, pair *p, const char *tpath, const char *dpath
     cp.n_ubatch = 16; /* prompts cross micro-batches */
     cp.n_outputs = cp.n_batch;
     cp.kv_f32 = kv_f32;
-    cp.n_threads = 2;
+    cp.n_threads = 1; /* tiny models: the thread pool would only add dispatch overhead */
+    cp.n_threads_batch = 1;
     cp.n_capture = (int32_t)dh->n_target_layers;
     cp.capture_layers = dh->target_layers;
     p->tctx = dfl_context_new(p->target, &cp, &err);

@@ -115,6 +115,16 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
         else BAD("host or device");
         return 1;
     }
+    if (!strcmp(a, "--feature-wait")) {
+        NEED_VALUE();
+        if (!strcmp(v, "host")) o->feature_wait = DFL_WAIT_HOST;
+        else if (!strcmp(v, "device")) o->feature_wait = DFL_WAIT_DEVICE;
+        else BAD("host or device");
+        return 1;
+    }
+    if (!strcmp(a, "--feature-buffer-max")) {
+        NEED_VALUE(); if (!parse_i64(v, 0, INT64_MAX, &iv)) BAD("bytes >= 0"); o->feature_buffer_max = iv; return 1;
+    }
     if (!strcmp(a, "--device")) {
         NEED_VALUE();
         if (!strcmp(v, "cpu")) o->device = DFL_DEVICE_CPU;
@@ -128,6 +138,7 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
     if (!strcmp(a, "--chat")) { o->chat = true; return 1; }
     if (!strcmp(a, "--json")) { o->json = true; return 1; }
     if (!strcmp(a, "--no-spec")) { o->no_spec = true; return 1; }
+    if (!strcmp(a, "--async")) { o->async = true; return 1; }
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { o->verbose = true; return 1; }
 #undef NEED_VALUE
 #undef BAD
@@ -150,8 +161,11 @@ void cli_print_common_help(FILE *out) {
             "  --draft-max N           draft tokens per step (default block_size - 1)\n"
             "  --features host|device  how target features reach the drafter (default device;\n"
             "                          env DFLASH_FEATURES)\n"
+            "  --feature-wait host|device  where the drafter waits for the target's features\n"
+            "  --feature-buffer-max B  cap of the feature buffer in bytes (above: host copies)\n"
             "  --device cpu|cuda       where the model runs (default cpu; cuda needs a CUDA build)\n"
             "  --no-spec               ignore the drafter (plain autoregressive decoding)\n"
+            "  --async                 queues run on worker threads (like GPU streams)\n"
             "  --json                  print one JSON object at the end instead of streaming\n",
             cli_default_model_dir());
 }
@@ -246,6 +260,7 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
     cp.n_ubatch = o->n_batch;
     cp.n_threads = o->n_threads;
     cp.n_threads_batch = o->n_threads_batch;
+    cp.async = o->async;
     cp.device = o->device;
     if (spec) {
         const int64_t n_verify = (int64_t)o->n_seq * (n_draft + 1);
@@ -253,6 +268,8 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
         cp.n_outputs = n_verify;
         cp.n_capture = (int32_t)dh->n_target_layers;
         cp.capture_layers = dh->target_layers;
+        cp.no_feature_buffer = o->features == DFL_FEATURES_HOST;
+        cp.feature_buffer_max = (size_t)o->feature_buffer_max;
     }
     s->tctx = dfl_context_new(s->target, &cp, &err);
     if (s->tctx == NULL) {
@@ -278,14 +295,17 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
         sp.min_p = o->min_p;
         sp.seed = o->seed;
         sp.features = o->features;
+        sp.wait = o->feature_wait;
         s->spec = dfl_spec_new(s->tctx, s->dctx, &sp, &err);
         if (s->spec == NULL) {
             fprintf(stderr, "dflash %s: %s\n", cmd, err.msg);
             return 1;
         }
-        if (!quiet) fprintf(stderr, "dflash: target features via %s (%s backend)\n",
-                            o->features == DFL_FEATURES_HOST ? "host copies" : "device buffer",
-                            o->device == DFL_DEVICE_CUDA ? "cuda" : "cpu");
+        if (!quiet) {
+            const bool dev = !strcmp(dfl_spec_feature_path_name(s->spec), "device");
+            fprintf(stderr, "dflash: target features via %s (%s; %s backend)\n", dev ? "device buffer" : "host copies",
+                    dfl_spec_feature_note(s->spec), o->device == DFL_DEVICE_CUDA ? "cuda" : "cpu");
+        }
     }
     return 0;
 }
@@ -322,7 +342,7 @@ int64_t cli_tokenize_prompt(const cli_session *s, const cli_opts *o, const char 
         src = rendered;
     }
     const size_t len = strlen(src);
-    int64_t n_max = (int64_t)len + 8;
+    int64_t n_max = 3 * (int64_t)len + 2; /* NFC can lengthen text up to 3x */
     *tokens = malloc((size_t)n_max * sizeof(int32_t));
     int64_t n = *tokens ? dfl_tokenize(s->vocab, src, len, *tokens, n_max, true, o->chat) : DFL_VOCAB_FAIL;
     free(rendered);

@@ -21,9 +21,11 @@ typedef struct cli_opts {
     float temp, top_p, min_p, repeat_penalty;
     int32_t top_k;
     uint64_t seed;
-    bool chat, json, no_spec, verbose;
+    bool chat, json, no_spec, verbose, async;
     int32_t draft_max;        /* --draft-max */
     dfl_feature_path features;
+    dfl_feature_wait feature_wait;
+    int64_t feature_buffer_max; /* bytes, 0: no cap */
     int32_t n_seq;
     dfl_device device;        /* --device cpu|cuda */
 } cli_opts;

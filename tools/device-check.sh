@@ -10,7 +10,8 @@
 #   4. benchmarks both models (tests/bench/bench_cuda.c): tg tok/s against the HBM roofline
 #      (weight bytes per token / 4.8 TB/s), verification of 16 tokens, draft time, spec step time
 #      with device vs host features, host vs device event wait, spec rate with oracle drafts;
-#   5. prints a short table last.
+#   5. runs `dflash bench --device cuda` on the q8_0 pair (the CLI's own figures);
+#   6. prints a short table last.
 # Needs the CUDA toolkit on the GPU machine (nvcc to build; cuBLAS is opened at run time).
 # Usage: tools/device-check.sh [WORKDIR]   (default $DFLASH_CHECK_DIR or /tmp/dflash-devcheck;
 # needs ~30 GB of disk there). Logs go to $OUT when set (the device runner collects it), else
@@ -93,6 +94,16 @@ for ty in q8_0 bf16; do
         stamp "BENCHMARK $ty FAILED"
     fi
 done
+
+if [ -s "$WORK/target-q8_0.gguf" ]; then
+    stamp "dflash bench --device cuda (q8_0)"
+    if ! timeout 150 ./build/dflash bench -m "$WORK/target-q8_0.gguf" -md "$WORK/drafter-q8_0.gguf" --device cuda -r 3 \
+            -c 4096 > "$LOGS/dflash-bench-q8_0.log" 2>&1; then
+        status=1
+        stamp "dflash bench FAILED"
+    fi
+    cat "$LOGS/dflash-bench-q8_0.log" | tail -25
+fi
 
 # ---- 5. summary -------------------------------------------------------------------------------
 echo

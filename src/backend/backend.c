@@ -515,6 +515,16 @@ void op_rope_neox(backend_queue *q, tensor dst, tensor x, tensor pos, float freq
     backend_queue_submit(q, &op);
 }
 
+void op_rope_norm(backend_queue *q, tensor dst, tensor x, tensor pos, float freq_base, int32_t n_rot) {
+    backend_op op = op_init(BACKEND_OP_ROPE_NEOX, &dst);
+    op.src[0] = x;
+    op.src[1] = pos;
+    op.f[0] = freq_base;
+    op.i[0] = n_rot;
+    op.i[1] = 1; /* NORM pairing */
+    backend_queue_submit(q, &op);
+}
+
 void op_attention(backend_queue *q, tensor dst, tensor qry, tensor k, tensor v, tensor mask, float scale) {
     backend_op op = op_init(BACKEND_OP_ATTENTION, &dst);
     op.src[0] = qry;

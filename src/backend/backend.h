@@ -81,9 +81,17 @@ typedef struct backend_cpu_params {
     int n_threads_batch;    /* threads for ops on more rows (prompt, verify); <= 0: auto */
     uint32_t disable_features; /* backend_cpu_feature bits NOT to use even if the CPU has them */
     bool async;             /* queues execute ops on a worker thread (default: synchronous) */
+#ifdef DFL_TEST_HOOKS
+    uint32_t debug_max_delay_us; /* async workers sleep a random 0..max us before each record */
+    uint64_t debug_seed;
+#endif
 } backend_cpu_params;
 
 backend_cpu_params backend_cpu_default_params(void);
+#ifdef DFL_TEST_HOOKS
+/* Test hook: the random delay bound of one async CPU queue's worker (overrides the backend's). */
+void backend_cpu_queue_set_test_delay(backend_queue *q, uint32_t max_us);
+#endif
 
 /* Creates the CPU backend with its thread pool (created once, reused by every op). */
 backend *backend_cpu_new(const backend_cpu_params *params, dfl_error *err);
@@ -187,6 +195,9 @@ void op_rmsnorm(backend_queue *q, tensor dst, tensor x, const tensor *w, float e
  * for i < n_rot/2 with theta = pos * freq_base^(-2i/n_rot); dims >= n_rot are copied.
  * n_rot = 0 means head_dim. */
 void op_rope_neox(backend_queue *q, tensor dst, tensor x, tensor pos, float freq_base, int32_t n_rot);
+/* The same with NORM pairing (i[1] = 1 in the record): adjacent pairs (2i, 2i+1), as llama.cpp
+ * uses for arch llama (GGUF llama weights are permuted for it). */
+void op_rope_norm(backend_queue *q, tensor dst, tensor x, tensor pos, float freq_base, int32_t n_rot);
 
 /* attention: dst [head_dim_v, n_head, n_q] f32; q [head_dim, n_head, n_q] f32;
  * k [head_dim, n_head_kv, n_kv] and v [head_dim_v, n_head_kv, n_kv] F16 or F32 (the KV cache);

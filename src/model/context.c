@@ -8,6 +8,7 @@
 #include "backend/cuda/backend_cuda.h"
 #endif
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,6 +136,60 @@ static dfl_status context_alloc_host(dfl_context *ctx, dfl_error *err) {
     return DFL_OK;
 }
 
+/* The feature capture: ONE buffer [width, n_batch] in backend memory (the device path), or, when
+ * it is disabled, over the cap or cannot be allocated, a staging buffer [width, n_ubatch] whose
+ * rows are copied to host memory after each micro-batch (the host path). Host copies [width,
+ * n_batch] exist in both cases (the host path and dfl_get_features need them). */
+static dfl_status context_alloc_features(dfl_context *ctx, dfl_error *err) {
+    const dfl_context_params *p = &ctx->params;
+    const size_t width = (size_t)ctx->n_capture * (size_t)ctx->n_embd;
+    const size_t full = width * (size_t)p->n_batch * sizeof(float);
+    ctx->feat_note[0] = '\0';
+    if (p->no_feature_buffer) {
+        snprintf(ctx->feat_note, sizeof(ctx->feat_note), "the feature buffer is disabled by configuration");
+    } else if (p->feature_buffer_max > 0 && full > p->feature_buffer_max) {
+        snprintf(ctx->feat_note, sizeof(ctx->feat_note), "a feature buffer of %zu bytes is above the cap of %zu bytes",
+                 full, p->feature_buffer_max);
+    } else {
+        dfl_error e2 = {0};
+        ctx->feat_buf = backend_buffer_alloc(ctx->be, full, &e2);
+        if (ctx->feat_buf == NULL) {
+            snprintf(ctx->feat_note, sizeof(ctx->feat_note), "the feature buffer could not be allocated: %.100s", e2.msg);
+        }
+    }
+    ctx->feat_device = ctx->feat_buf != NULL;
+    if (ctx->feat_device) {
+        ctx->feat = tensor_in_buffer(ctx->feat_buf, 0, QUANT_TYPE_F32, (int64_t)width, p->n_batch);
+    } else {
+        ctx->feat_buf = backend_buffer_alloc(ctx->be, width * (size_t)ctx->n_ub * sizeof(float), err);
+        if (ctx->feat_buf == NULL) return err ? err->code : DFL_ERR_NOMEM;
+        ctx->feat = tensor_in_buffer(ctx->feat_buf, 0, QUANT_TYPE_F32, (int64_t)width, ctx->n_ub);
+    }
+    ctx->feat_host = calloc(width * (size_t)p->n_batch, sizeof(float));
+    if (ctx->feat_host == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory for the feature capture");
+    ctx->ev_written = backend_event_new(ctx->be, err);
+    ctx->ev_read = ctx->ev_written ? backend_event_new(ctx->be, err) : NULL;
+    if (ctx->ev_read == NULL) return err ? err->code : DFL_ERR_NOMEM;
+    return DFL_OK;
+}
+
+bool dfl_context_has_feature_buffer(const dfl_context *ctx) { return ctx != NULL && ctx->feat_device; }
+const char *dfl_context_feature_buffer_note(const dfl_context *ctx) {
+    if (ctx == NULL || ctx->n_capture == 0) return "no feature capture";
+    return ctx->feat_device ? "feature buffer in backend memory" : ctx->feat_note;
+}
+
+void context_sync_pending(dfl_context *ctx) {
+    if (ctx->pending) {
+        backend_queue_synchronize(ctx->queue);
+        ctx->pending = false;
+    }
+}
+
+#ifdef DFL_TEST_HOOKS
+void context_test_set_faults(dfl_context *ctx, uint32_t faults) { ctx->test_faults = faults; }
+#endif
+
 /* A drafter context needs a target context that fits it (SPEC section 3, issue: pairing). */
 static dfl_status drafter_check_target(const dfl_model *d, const dfl_context_params *p, dfl_error *err) {
     const dfl_hparams *hp = &d->hp;
@@ -178,7 +233,7 @@ static dfl_status drafter_check_target(const dfl_model *d, const dfl_context_par
     return DFL_OK;
 }
 
-dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params, dfl_error *err) {
+static dfl_context *context_create(dfl_model *model, const dfl_context_params *params, backend *be, dfl_error *err) {
     if (model == NULL) {
         error_set(err, DFL_ERR_INVALID, "dfl_context_new: model is NULL");
         return NULL;
@@ -252,7 +307,9 @@ dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params,
     ctx->params.capture_layers = NULL;
     ctx->features_to_host = true;
 
-    if (p.share_backend != NULL) {
+    if (be != NULL) {
+        ctx->be = be; /* borrowed */
+    } else if (p.share_backend != NULL) {
         ctx->be = p.share_backend->be;
     } else if (p.device == DFL_DEVICE_CUDA) {
 #ifdef DFL_HAVE_CUDA
@@ -298,27 +355,31 @@ dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params,
     ctx->s.buf = backend_buffer_alloc(ctx->be, scratch_layout(ctx, NULL), err);
     if (ctx->s.buf == NULL) goto fail;
     scratch_layout(ctx, ctx->s.buf);
-    if (ctx->n_capture > 0) {
-        const int64_t width = (int64_t)ctx->n_capture * ctx->n_embd;
-        ctx->feat_buf = backend_buffer_alloc(ctx->be, (size_t)width * (size_t)p.n_batch * sizeof(float), err);
-        if (ctx->feat_buf == NULL) goto fail;
-        ctx->feat = tensor_in_buffer(ctx->feat_buf, 0, QUANT_TYPE_F32, width, p.n_batch);
-        ctx->feat_host = calloc((size_t)width * (size_t)p.n_batch, sizeof(float));
-        if (ctx->feat_host == NULL) {
-            error_set(err, DFL_ERR_NOMEM, "out of memory for the feature capture");
-            goto fail;
-        }
-    }
+    if (ctx->n_capture > 0 && context_alloc_features(ctx, err) != DFL_OK) goto fail;
     return ctx;
 fail:
     dfl_context_free(ctx);
     return NULL;
 }
 
+dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params, dfl_error *err) {
+    return context_create(model, params, NULL, err);
+}
+
+dfl_context *context_new_on(dfl_model *model, const dfl_context_params *params, backend *be, dfl_error *err) {
+    if (be == NULL) {
+        error_set(err, DFL_ERR_INVALID, "context_new_on: no backend");
+        return NULL;
+    }
+    return context_create(model, params, be, err);
+}
+
 void dfl_context_free(dfl_context *ctx) {
     if (ctx == NULL) return;
     if (ctx->queue) backend_queue_synchronize(ctx->queue);
     if (ctx->feat_buf) backend_buffer_free(ctx->feat_buf);
+    if (ctx->ev_written) backend_event_free(ctx->ev_written);
+    if (ctx->ev_read) backend_event_free(ctx->ev_read);
     if (ctx->s.buf) backend_buffer_free(ctx->s.buf);
     kv_cache_free(&ctx->kv);
     if (ctx->weights_on_device) weights_device_release(ctx->model, ctx->be);
@@ -364,7 +425,23 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
         return error_set(err, DFL_ERR_INVALID, "batch asks for %lld outputs; the context holds at most %lld "
                          "(dfl_context_params.n_outputs)", (long long)n_out_total, (long long)ctx->n_out_max);
     }
-    /* the feature buffer is overwritten by this batch: the target waits for the last read */
+    /*
+     * The feature buffer protocol (SPEC section 4), target side:
+     *   1. before this batch overwrites the buffer, the target's queue waits (device-side) for
+     *      the drafter's `read` event of the previous batch, once one was recorded;
+     *   2. the forward scatters each captured layer input into row r = batch index r;
+     *   3. after the batch the target records `written`; the drafter waits for it (on the host
+     *      by default) before it enqueues reads of the rows.
+     * The host returns without waiting when no output is asked for (no logits, no host copies):
+     * prompt chunks then overlap with the drafter's work on its own queue.
+     */
+    context_sync_pending(ctx); /* the host staging arrays are about to be rewritten */
+    if (ctx->n_capture > 0 && ctx->feat_device && ctx->read_recorded) {
+#ifdef DFL_TEST_HOOKS
+        if (!(ctx->test_faults & CTX_FAULT_SKIP_READ_WAIT))
+#endif
+            backend_queue_wait_event(ctx->queue, ctx->ev_read);
+    }
     int64_t n_out = 0;
     for (int64_t i = 0; i < batch->n_tokens; i++) {
         ctx->out_of[i] = batch->output[i] ? n_out++ : -1;
@@ -372,20 +449,34 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
     int64_t cursor = 0;
     batch_ubatch ub;
     n_out = 0;
+    const size_t width = (size_t)ctx->n_capture * (size_t)ctx->n_embd;
     while (batch_split(batch, ctx->n_ub, &cursor, &ub)) {
         st = forward_target_ubatch(ctx, &ub, n_out, err);
         if (st != DFL_OK) return st;
         for (int64_t e = 0; e < ub.n_tokens; e++) n_out += ub.output[e] ? 1 : 0;
+        if (ctx->n_capture > 0 && !ctx->feat_device) {
+            /* host path: this micro-batch's staged rows -> host memory */
+            op_read(ctx->queue, ctx->feat_host + (size_t)ub.i0 * width, tensor_rows(&ctx->feat, 0, ub.n_tokens),
+                    width * (size_t)ub.n_tokens * sizeof(float));
+            ctx->feature_host_bytes += width * (size_t)ub.n_tokens * sizeof(float);
+        }
+        if (cursor < batch->n_tokens) backend_queue_synchronize(ctx->queue); /* staging arrays reused */
     }
-    if (ctx->n_capture > 0 && ctx->features_to_host) {
-        const size_t width = (size_t)ctx->n_capture * (size_t)ctx->n_embd;
+    if (ctx->n_capture > 0 && ctx->feat_device && ctx->features_to_host) {
         ctx->feature_host_bytes += width * (size_t)batch->n_tokens * sizeof(float);
         op_read(ctx->queue, ctx->feat_host, tensor_rows(&ctx->feat, 0, batch->n_tokens),
                 width * (size_t)batch->n_tokens * sizeof(float));
     }
-    backend_queue_synchronize(ctx->queue);
+    if (ctx->n_capture > 0) backend_event_record(ctx->ev_written, ctx->queue);
     ctx->n_outputs = n_out;
     ctx->n_batch_last = batch->n_tokens;
+    const bool host_needs = n_out > 0 || (ctx->n_capture > 0 && (ctx->features_to_host || !ctx->feat_device));
+    if (host_needs) {
+        backend_queue_synchronize(ctx->queue);
+        ctx->pending = false;
+    } else {
+        ctx->pending = true;
+    }
     return DFL_OK;
 }
 
@@ -395,7 +486,7 @@ const float *dfl_get_logits(const dfl_context *ctx, int64_t i) {
 }
 
 const float *dfl_get_features(const dfl_context *ctx, int64_t i) {
-    if (ctx == NULL || ctx->n_capture == 0 || !ctx->features_to_host || i < 0 || i >= ctx->n_batch_last) return NULL;
+    if (ctx == NULL || ctx->n_capture == 0 || (ctx->feat_device && !ctx->features_to_host) || i < 0 || i >= ctx->n_batch_last) return NULL;
     return ctx->feat_host + (size_t)i * (size_t)ctx->n_capture * (size_t)ctx->n_embd;
 }
 

@@ -10,6 +10,20 @@
 
 #define CONTEXT_MAX_CAPTURE 64
 
+#ifdef DFL_TEST_HOOKS
+/* Test-only faults (never in release builds): prove the ordering tests detect a missing wait. */
+#define CTX_FAULT_SKIP_READ_WAIT 1u    /* the target does not wait for `read` */
+#define CTX_FAULT_SKIP_WRITTEN_WAIT 2u /* the drafter does not wait for `written` */
+void context_test_set_faults(dfl_context *ctx, uint32_t faults);
+#endif
+
+/* A context on a given backend (borrowed: it must outlive the context), e.g. an asynchronous
+ * CPU backend in the ordering tests, or another device. */
+dfl_context *context_new_on(dfl_model *model, const dfl_context_params *params, backend *be, dfl_error *err);
+
+/* Waits for the context's queue if it has work in flight (before host staging is reused). */
+void context_sync_pending(dfl_context *ctx);
+
 /* Weights of the model as backend tensor views (zero-copy into the mmap on the CPU). */
 typedef struct ctx_layer_w {
     tensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down;
@@ -91,8 +105,19 @@ struct dfl_context {
     /* feature capture (target side) */
     int32_t n_capture;
     int32_t capture_layers[CONTEXT_MAX_CAPTURE];
-    backend_buffer *feat_buf; /* [n_capture*n_embd, n_batch] f32 */
+    backend_buffer *feat_buf; /* device path: [n_capture*n_embd, n_batch] f32; host path: [.., n_ub] staging */
     tensor feat;              /* view of feat_buf */
+    bool feat_device;         /* feat is the n_batch feature buffer (else per-micro-batch staging) */
+    char feat_note[160];      /* why there is no feature buffer */
+    /* ordering of the feature buffer between this target and its drafter (SPEC section 4) */
+    backend_event *ev_written;   /* recorded by the target after each batch */
+    backend_event *ev_read;      /* recorded by the drafter after it consumed the rows */
+    bool read_recorded;
+    bool pending;                /* ops enqueued since the last synchronize */
+    bool wait_on_device;         /* drafter: wait for `written` on its queue instead of the host */
+#ifdef DFL_TEST_HOOKS
+    uint32_t test_faults;        /* CTX_FAULT_* bits: skip a wait on purpose (ordering tests) */
+#endif
     float *feat_host;         /* [n_capture*n_embd, n_batch] host copy (host path) */
     int64_t n_batch_last;     /* entries of the last decoded batch */
     bool features_to_host;    /* copy the captured features to feat_host after each batch */

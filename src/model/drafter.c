@@ -51,6 +51,30 @@ dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err
     const int64_t width = hp->n_target_layers * d->n_embd;
     backend_queue *q = d->queue;
     ctx_scratch *s = &d->s;
+    dfl_context *t = d->target;
+    const bool rows = batch->embd_row[0] >= 0;
+    if (rows && !t->feat_device) {
+        return error_set(err, DFL_ERR_INVALID, "drafter batch: embd rows need the target's feature buffer (%s)", t->feat_note);
+    }
+    context_sync_pending(d); /* the host staging arrays are about to be rewritten */
+    /*
+     * The feature buffer protocol (SPEC section 4), drafter side:
+     *   1. wait for the target's `written` event before the reads are enqueued: on the host
+     *      (default: a device-side wait would stall this queue for the whole target batch) or on
+     *      this queue (wait_on_device);
+     *   2. gather the rows (get_rows), fuse, inject K/V: all on this queue;
+     *   3. record `read` on this queue: the target's next batch waits for it before it
+     *      overwrites the rows.
+     */
+    if (rows) {
+#ifdef DFL_TEST_HOOKS
+        if (!(t->test_faults & CTX_FAULT_SKIP_WRITTEN_WAIT))
+#endif
+        {
+            if (d->wait_on_device) backend_queue_wait_event(q, t->ev_written);
+            else backend_event_synchronize(t->ev_written);
+        }
+    }
     int64_t cursor = 0;
     batch_ubatch ub;
     while (batch_split(batch, d->n_ub, &cursor, &ub)) {
@@ -86,8 +110,13 @@ dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err
         op_rmsnorm(q, f, f, &d->w.enc_norm, hp->norm_eps);
         for (int64_t il = 0; il < hp->n_layer; il++) fwd_write_kv(d, il, f, n);
         for (int64_t e = 0; e < n; e++) d->kv.seq_len[ub.seq_id[e]]++;
+        if (cursor < batch->n_tokens) backend_queue_synchronize(q); /* staging arrays reused */
     }
-    backend_queue_synchronize(q);
+    if (rows) {
+        backend_event_record(t->ev_read, q);
+        t->read_recorded = true;
+    }
+    d->pending = true;
     return DFL_OK;
 }
 
@@ -117,6 +146,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
                              (long long)B);
         }
     }
+    context_sync_pending(d);
     /* the block as a micro-batch: sequence i's slots are entries [i*B, (i+1)*B) */
     const int64_t n = (int64_t)n_active * B;
     for (int32_t i = 0; i < n_active; i++) {
@@ -179,6 +209,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         op_read(q, logits_out, logits, (size_t)n_out * (size_t)d->n_vocab * sizeof(float));
     }
     backend_queue_synchronize(q);
+    d->pending = false;
     /* the block's K/V are dropped: seq_len was never advanced past start */
     return DFL_OK;
 }

@@ -9,6 +9,7 @@
 #include "sample/spec_verify.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -29,6 +30,8 @@ struct dfl_spec {
     float *probs;           /* [n_draft+1, n_vocab] target distributions of one sequence (temp > 0) */
     int64_t *vidx;          /* [n_seq] index of each sequence's first entry in the verify batch */
     dfl_spec_stats stats;
+    dfl_feature_path path;  /* the path in use (a device request may fall back to host) */
+    char note[200];
 };
 
 static double now_ms(void) {
@@ -112,7 +115,19 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     s->vidx = calloc((size_t)n_seq, sizeof(int64_t));
     s->verify = dfl_batch_init(n_verify, 0, 1, err);
     const int64_t n_inject = tgt->params.n_batch > n_verify ? tgt->params.n_batch : n_verify;
-    s->inject = dfl_batch_init(n_inject, p.features == DFL_FEATURES_HOST ? s->width : 0, 1, err);
+    /* the feature path: the device buffer unless asked otherwise or impossible */
+    s->path = p.features;
+    snprintf(s->note, sizeof(s->note), "%s", p.features == DFL_FEATURES_HOST ? "host copies requested" : "device buffer");
+    if (s->path == DFL_FEATURES_DEVICE && !dfl_context_has_feature_buffer(tgt)) {
+        s->path = DFL_FEATURES_HOST;
+        snprintf(s->note, sizeof(s->note), "fallback to host copies: %s", dfl_context_feature_buffer_note(tgt));
+    } else if (s->path == DFL_FEATURES_DEVICE && dft->be != tgt->be &&
+               !(backend_get_caps(dft->be).host_visible && backend_get_caps(tgt->be).host_visible)) {
+        s->path = DFL_FEATURES_HOST;
+        snprintf(s->note, sizeof(s->note), "fallback to host copies: the drafter's backend cannot read the target's buffer");
+    }
+    dft->wait_on_device = p.wait == DFL_WAIT_DEVICE;
+    s->inject = dfl_batch_init(n_inject, s->path == DFL_FEATURES_HOST ? s->width : 0, 1, err);
     if (p.temp > 0.0f) s->probs = malloc((size_t)(p.n_draft + 1) * (size_t)s->n_vocab * sizeof(float));
     if (s->sampler == NULL || s->last == NULL || s->draft == NULL || s->vidx == NULL || s->verify == NULL ||
         s->inject == NULL || (p.temp > 0.0f && s->probs == NULL)) {
@@ -122,15 +137,14 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     }
     for (int32_t i = 0; i < n_seq; i++) s->last[i] = -1;
     /* the device path reads the target's feature buffer in place: no host copy of features */
-    tgt->features_to_host = p.features == DFL_FEATURES_HOST;
+    tgt->features_to_host = s->path == DFL_FEATURES_HOST && tgt->feat_device;
     return s;
 }
 
 int32_t dfl_spec_n_draft(const dfl_spec *s) { return s->n_draft; }
 dfl_spec_stats dfl_spec_get_stats(const dfl_spec *s) { return s->stats; }
-const char *dfl_spec_feature_path_name(const dfl_spec *s) {
-    return s->params.features == DFL_FEATURES_HOST ? "host" : "device";
-}
+const char *dfl_spec_feature_path_name(const dfl_spec *s) { return s->path == DFL_FEATURES_HOST ? "host" : "device"; }
+const char *dfl_spec_feature_note(const dfl_spec *s) { return s->note; }
 
 void dfl_spec_seq_reset(dfl_spec *s, int32_t seq) {
     if (seq < 0 || seq >= s->n_seq) return;
@@ -151,7 +165,7 @@ static dfl_status inject_rows(dfl_spec *s, int32_t seq, int64_t i0, int64_t n, d
         for (int64_t k = 0; k < m; k++) {
             const int32_t pos = (int32_t)(p0 + k);
             const int64_t row = i0 + off + k;
-            if (s->params.features == DFL_FEATURES_HOST) {
+            if (s->path == DFL_FEATURES_HOST) {
                 dfl_batch_add_embd(s->inject, dfl_get_features(s->tgt, row), &pos, seq, false);
             } else {
                 dfl_batch_add_embd_row(s->inject, (int32_t)row, &pos, seq, false);
@@ -329,8 +343,6 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
         st = inject_rows(s, seqs[i], s->vidx[i], n_tokens[i], err);
         if (st != DFL_OK) return st;
     }
-    if (s->params.features == DFL_FEATURES_HOST) {
-        s->stats.feature_host_bytes = s->tgt->feature_host_bytes;
-    }
+    s->stats.feature_host_bytes = s->tgt->feature_host_bytes;
     return DFL_OK;
 }

@@ -14,6 +14,7 @@ void bpe_ws_free(bpe_ws *ws) {
     free(ws->prev);
     free(ws->next);
     free(ws->heap);
+    free(ws->pair);
     memset(ws, 0, sizeof(*ws));
 }
 
@@ -27,22 +28,30 @@ static bool ws_reserve(bpe_ws *ws, size_t n) {
     if (prev) ws->prev = prev;
     int32_t *next = realloc(ws->next, c * sizeof(int32_t));
     if (next) ws->next = next;
+    int32_t *pair = realloc(ws->pair, c * sizeof(int32_t));
+    if (pair) ws->pair = pair;
     uint64_t *heap = realloc(ws->heap, 2 * c * sizeof(uint64_t));
     if (heap) ws->heap = heap;
-    if (!id || !prev || !next || !heap) return false;
+    if (!id || !prev || !next || !pair || !heap) return false;
     ws->cap = c;
     return true;
 }
 
+/* a 4-ary min-heap of (rank << 32 | position): half the depth of a binary heap, and the four
+ * children of a node share a cache line */
 static inline void heap_down(uint64_t *h, size_t n, size_t i) {
     uint64_t v = h[i];
     for (;;) {
-        size_t c = 2 * i + 1;
+        size_t c = 4 * i + 1;
         if (c >= n) break;
-        if (c + 1 < n && h[c + 1] < h[c]) c++;
-        if (h[c] >= v) break;
-        h[i] = h[c];
-        i = c;
+        size_t best = c;
+        size_t end = c + 4 < n ? c + 4 : n;
+        for (size_t k = c + 1; k < end; k++) {
+            if (h[k] < h[best]) best = k;
+        }
+        if (h[best] >= v) break;
+        h[i] = h[best];
+        i = best;
     }
     h[i] = v;
 }
@@ -50,7 +59,7 @@ static inline void heap_down(uint64_t *h, size_t n, size_t i) {
 static inline void heap_push(uint64_t *h, size_t *n, uint64_t v) {
     size_t i = (*n)++;
     while (i > 0) {
-        size_t p = (i - 1) / 2;
+        size_t p = (i - 1) / 4;
         if (h[p] <= v) break;
         h[i] = h[p];
         i = p;
@@ -102,39 +111,43 @@ bool bpe_word(const dfl_vocab *v, const uint8_t *w, size_t n, bpe_ws *ws, tok_si
         if (cache_get(v, w, n, h, sink)) return true;
     }
     if (n > INT32_MAX || !ws_reserve(ws, n)) return false;
-    int32_t *id = ws->id, *prev = ws->prev, *next = ws->next; /* [n] symbols, by first byte */
-    uint64_t *heap = ws->heap;                                /* [2n] pending merges */
+    /* symbols, indexed by their first byte: token, neighbours, and the merge of the pair that
+     * starts there (an index into v->merges, -1 none) */
+    int32_t *id = ws->id, *prev = ws->prev, *next = ws->next, *pair = ws->pair; /* [n] */
+    uint64_t *heap = ws->heap;                                                  /* [2n] pending merges */
     size_t nh = 0;
     for (size_t k = 0; k < n; k++) {
         id[k] = v->byte_token[w[k]];
         prev[k] = (int32_t)k - 1;
         next[k] = k + 1 < n ? (int32_t)k + 1 : -1;
+        pair[k] = k + 1 < n ? v->byte_pair[w[k] * 256 + w[k + 1]] : -1;
+        if (pair[k] >= 0) heap[nh++] = ENTRY(v->merges[pair[k]].rank, k);
     }
-    for (size_t k = 0; k + 1 < n; k++) {
-        const vocab_merge *m = vocab_merge_find(v, id[k], id[k + 1]);
-        if (m) heap[nh++] = ENTRY(m->rank, k);
-    }
-    for (size_t k = nh / 2; k-- > 0;) heap_down(heap, nh, k);
+    for (size_t k = nh / 4 + 1; k-- > 0;) heap_down(heap, nh, k);
     while (nh > 0) {
         uint64_t top = heap_pop(heap, &nh);
         int32_t rank = (int32_t)(top >> 32), left = (int32_t)(uint32_t)top;
+        /* stale if the symbol was merged away or its pair changed since the push */
+        if (id[left] < 0 || pair[left] < 0 || v->merges[pair[left]].rank != rank) continue;
         int32_t right = next[left];
-        if (id[left] < 0 || right < 0) continue;
-        const vocab_merge *m = vocab_merge_find(v, id[left], id[right]);
-        if (m == NULL || m->rank != rank) continue; /* stale: a neighbour was merged since */
-        id[left] = m->result;
+        id[left] = v->merges[pair[left]].result;
         id[right] = -1;
         next[left] = next[right];
         if (next[right] >= 0) prev[next[right]] = left;
         /* the heap holds < 2n entries: n - 1 pairs at the start, and each of the <= n - 1 merges
          * pops one entry and pushes at most two */
-        if (prev[left] >= 0) {
-            const vocab_merge *mp = vocab_merge_find(v, id[prev[left]], id[left]);
-            if (mp) heap_push(heap, &nh, ENTRY(mp->rank, prev[left]));
+        int32_t p = prev[left];
+        if (p >= 0) {
+            const vocab_merge *m = vocab_merge_find(v, id[p], id[left]);
+            pair[p] = m ? (int32_t)(m - v->merges) : -1;
+            if (m) heap_push(heap, &nh, ENTRY(m->rank, p));
         }
         if (next[left] >= 0) {
-            const vocab_merge *mn = vocab_merge_find(v, id[left], id[next[left]]);
-            if (mn) heap_push(heap, &nh, ENTRY(mn->rank, left));
+            const vocab_merge *m = vocab_merge_find(v, id[left], id[next[left]]);
+            pair[left] = m ? (int32_t)(m - v->merges) : -1;
+            if (m) heap_push(heap, &nh, ENTRY(m->rank, left));
+        } else {
+            pair[left] = -1;
         }
     }
     int32_t out[VOCAB_CACHE_TOKENS];

@@ -147,6 +147,14 @@ for (const t of tests) {
   if (want !== got) throw new Error(`NFC mismatch on ${t.map((x) => x.toString(16))}: ${cps(want).map((x) => x.toString(16))} vs ${cps(got).map((x) => x.toString(16))}`);
 }
 
+// dfl_tokenize documents n_tokens <= 3 * bytes + 2: NFD (and so NFC) grows no code point's UTF-8
+// more than 3x
+for (let cp = 0; cp < N_CP; cp++) {
+  if (isSur(cp)) continue;
+  const s = S(cp);
+  if (Buffer.byteLength(s.normalize("NFD")) > 3 * Buffer.byteLength(s)) throw new Error(`NFD of ${cp.toString(16)} grows > 3x`);
+}
+
 // 7. write
 const bs = 1 << SHIFT, blocks = new Map(), stage1 = [], stage2 = [];
 for (let b = 0; b < N_CP / bs; b++) {
@@ -177,7 +185,7 @@ ${fmt(stage1, 32)}
 
 /* [${blocks.size} blocks * ${bs}] bits 0-1 class (UNICODE_CLASS_*), UNICODE_NFC_SAFE, UNICODE_DECOMP, UNICODE_SECOND */
 const uint8_t unicode_props[${stage2.length}] = {
-${fmt(stage2, 48)}
+${fmt(stage2, 56)}
 };
 
 /* [${decompCps.length}] sorted by code point: full canonical decomposition = unicode_decomp_pool[off .. off+len) */

@@ -288,9 +288,11 @@ bool unicode_nfc(const uint8_t *s, size_t n, unicode_nfc_ws *ws, const uint8_t *
             if (unicode_props_of(c2) & UNICODE_NFC_SAFE) break;
             end += l2;
         }
-        if (!grow((void **)&ws->out, &ws->cap_out, len + (start - copied), 1)) return false;
-        memcpy(ws->out + len, s + copied, start - copied);
-        len += start - copied;
+        if (start > copied) {
+            if (!grow((void **)&ws->out, &ws->cap_out, len + (start - copied), 1)) return false;
+            memcpy(ws->out + len, s + copied, start - copied);
+            len += start - copied;
+        }
         if (!nfc_segment(s + start, end - start, ws, &len)) return false;
         changed = true;
         copied = end;
@@ -301,9 +303,11 @@ bool unicode_nfc(const uint8_t *s, size_t n, unicode_nfc_ws *ws, const uint8_t *
         *out_len = n;
         return true;
     }
-    if (!grow((void **)&ws->out, &ws->cap_out, len + (n - copied), 1)) return false;
-    memcpy(ws->out + len, s + copied, n - copied);
-    len += n - copied;
+    if (n > copied) {
+        if (!grow((void **)&ws->out, &ws->cap_out, len + (n - copied), 1)) return false;
+        memcpy(ws->out + len, s + copied, n - copied);
+        len += n - copied;
+    }
     *out = ws->out;
     *out_len = len;
     return true;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define VOCAB_CACHE_ENTRIES 16384 /* 1 MiB */
+#define VOCAB_CACHE_ENTRIES 65536 /* 4 MiB */
 
 vocab_desc vocab_desc_default(void) {
     vocab_desc d;
@@ -282,7 +282,17 @@ static dfl_status build_merges(dfl_vocab *v, const vocab_desc *d, const int16_t 
         merge_insert(v, left, right, (int32_t)r, result);
     }
     free(buf);
-    return st;
+    if (st != DFL_OK) return st;
+    /* the merges of two single bytes, by byte pair (the first merges of every word) */
+    v->byte_pair = malloc(256 * 256 * sizeof(int32_t));
+    if (v->byte_pair == NULL) return error_set(err, DFL_ERR_NOMEM, "vocabulary: out of memory");
+    for (int a = 0; a < 256; a++) {
+        for (int b = 0; b < 256; b++) {
+            const vocab_merge *m = vocab_merge_find(v, v->byte_token[a], v->byte_token[b]);
+            v->byte_pair[a * 256 + b] = m ? (int32_t)(m - v->merges) : -1;
+        }
+    }
+    return DFL_OK;
 }
 
 static dfl_status build_special(dfl_vocab *v, dfl_error *err) {
@@ -318,6 +328,7 @@ void dfl_vocab_free(dfl_vocab *v) {
     free(v->types);
     free(v->tok_map);
     free(v->merges);
+    free(v->byte_pair);
     free(v->trie);
     free(v->trie_term);
     free(v->cache);

@@ -77,6 +77,7 @@ struct dfl_vocab {
     size_t merge_mask;
     int64_t n_merges;
     int32_t byte_token[256];/* the NORMAL token of each single byte */
+    int32_t *byte_pair;     /* [256 * 256] merge index (into merges) of two byte tokens, -1 none */
 
     /* special (control and user-defined) tokens: a byte trie, node 0 = root */
     vocab_trie_edge *trie;  /* [trie_mask + 1] (parent node, byte) -> child */
@@ -153,7 +154,7 @@ static inline void tok_sink_push(tok_sink *k, int32_t id) {
 
 /* Scratch of the BPE of one word (grown as needed, freed by bpe_ws_free). */
 typedef struct bpe_ws {
-    int32_t *id, *prev, *next; /* [cap] symbols */
+    int32_t *id, *prev, *next, *pair; /* [cap] symbols */
     uint64_t *heap;            /* [2 * cap] rank << 32 | left symbol */
     size_t cap;
     bool use_cache;            /* this call holds the vocabulary's cache lock */

@@ -18,7 +18,8 @@ for (let i = 0; i < args.length; i++) {
 const llama = await getLlama({build: "never", gpu: false, logLevel: LlamaLogLevel.error});
 try {
     const model = await llama.loadModel({modelPath, gpuLayers: 0});
-    const context = await model.createContext({contextSize: ctx, batchSize: batch, threads: 2, flashAttention: false});
+    const context = await model.createContext({contextSize: ctx, batchSize: batch, threads: 2, flashAttention: false,
+                                               batching: {dispatchSchedule: "nextTick"}});
     const results = [];
     for (const prompt of cases) {
         const sequence = context.getSequence();

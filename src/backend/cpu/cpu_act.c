@@ -30,7 +30,10 @@ size_t cpu_act_bytes(cpu_dot_type dot, int64_t n_in, int64_t n_rows) {
     const size_t n = (size_t)n_in * (size_t)n_rows;
     switch (dot) {
     case CPU_DOT_F32: return align64(n * sizeof(float));
-    case CPU_DOT_Q8_0: return align64(n) + align64(n / QK8_0 * sizeof(float));
+    case CPU_DOT_Q8_0: {
+        const size_t np = (size_t)cpu_q8_0_row_pad(n_in) * (size_t)n_rows;
+        return align64(np) + 2 * align64(np / QK8_0 * sizeof(float));
+    }
     case CPU_DOT_Q8_K:
         return align64(n) + align64(n / QK_K * sizeof(float)) + align64(n / 16 * sizeof(int16_t));
     }
@@ -42,16 +45,21 @@ void cpu_act_layout(cpu_act *act, cpu_dot_type dot, int64_t n_in, int64_t n_rows
     act->dot = dot;
     act->n_in = n_in;
     act->n_rows = n_rows;
+    act->row_len = n_in;
     const size_t n = (size_t)n_in * (size_t)n_rows;
     char *p = mem;
     switch (dot) {
     case CPU_DOT_F32:
         act->f = (float *)p;
         break;
-    case CPU_DOT_Q8_0:
+    case CPU_DOT_Q8_0: {
+        act->row_len = cpu_q8_0_row_pad(n_in);
+        const size_t np = (size_t)act->row_len * (size_t)n_rows;
         act->qs = (int8_t *)p;
-        act->d = (float *)(p + align64(n));
+        act->d = (float *)(p + align64(np));
+        act->ns = (int32_t *)(p + align64(np) + align64(np / QK8_0 * sizeof(float)));
         break;
+    }
     case CPU_DOT_Q8_K:
         act->qs = (int8_t *)p;
         act->d = (float *)(p + align64(n));
@@ -71,17 +79,30 @@ void cpu_act_row_bf16_ref(cpu_act *act, int64_t r, const float *x) {
 }
 
 void cpu_act_row_q8_0_ref(cpu_act *act, int64_t r, const float *x) {
-    const int64_t nb = act->n_in / QK8_0;
-    int8_t *qs = act->qs + r * act->n_in;
-    float *d = act->d + r * nb;
-    for (int64_t b = 0; b < nb; b++) {
+    const int64_t nb = act->n_in / QK8_0, nb_pad = act->row_len / QK8_0;
+    int8_t *qs = act->qs + r * act->row_len;
+    float *d = act->d + r * nb_pad;
+    int32_t *ns = act->ns + r * nb_pad;
+    for (int64_t b = 0; b < nb_pad; b++) {
+        if (b >= nb) { /* padding block */
+            for (int j = 0; j < QK8_0; j++) qs[cpu_q8_0_offset(b * QK8_0 + j)] = 0;
+            d[b] = 0.0f;
+            ns[b] = 0;
+            continue;
+        }
         const float *xb = x + b * QK8_0;
         float amax = 0.0f;
         for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float db = amax / 127.0f;
         const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
         d[b] = fp16_to_fp32(fp32_to_fp16(db));
-        for (int j = 0; j < QK8_0; j++) qs[b * QK8_0 + j] = (int8_t)rintf(xb[j] * id);
+        int32_t sum = 0;
+        for (int j = 0; j < QK8_0; j++) {
+            const int8_t q = (int8_t)rintf(xb[j] * id);
+            qs[cpu_q8_0_offset(b * QK8_0 + j)] = q;
+            sum += q;
+        }
+        ns[b] = -sum;
     }
 }
 

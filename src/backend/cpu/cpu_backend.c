@@ -12,6 +12,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CPU_QUEUE_CAP 512 /* records in an async queue's ring */
@@ -68,6 +69,7 @@ static void cpu_event_synchronize(backend_event *bev) {
 
 /* ---- queues ------------------------------------------------------------------------------ */
 
+
 typedef enum cpu_rec_kind { CPU_REC_OP, CPU_REC_RECORD, CPU_REC_WAIT } cpu_rec_kind;
 
 typedef struct cpu_rec {
@@ -91,6 +93,10 @@ typedef struct cpu_queue {
     uint64_t n_taken;        /* records taken by the worker */
     uint64_t n_done;         /* records completed */
     bool stop;
+#ifdef DFL_TEST_HOOKS
+    uint64_t delay_rng;      /* the worker's own generator for test delays */
+    uint32_t delay_max_us;   /* random delay bound before each record (0: none) */
+#endif
 } cpu_queue;
 
 static void cpu_rec_run(cpu_queue *q, const cpu_rec *rec) {
@@ -114,6 +120,20 @@ static void *cpu_queue_worker(void *arg) {
         rec = q->ring[q->n_taken % CPU_QUEUE_CAP];
         q->n_taken++;
         pthread_mutex_unlock(&q->mu);
+#ifdef DFL_TEST_HOOKS
+        pthread_mutex_lock(&q->mu);
+        const uint32_t max_us = q->delay_max_us;
+        pthread_mutex_unlock(&q->mu);
+        if (max_us > 0) { /* test hook: random delays expose missing ordering */
+            q->delay_rng = q->delay_rng * 6364136223846793005ull + 1442695040888963407ull;
+            const uint32_t r = (uint32_t)(q->delay_rng >> 33);
+            const uint32_t us = (r & 15u) == 0 ? max_us * 10u : (r >> 4) % (max_us + 1); /* rare long stalls */
+            if (us > 0) {
+                struct timespec ts = {0, (long)us * 1000L};
+                nanosleep(&ts, NULL);
+            }
+        }
+#endif
 
         cpu_rec_run(q, &rec);
 
@@ -177,6 +197,10 @@ static backend_queue *cpu_queue_new(backend *bbe, dfl_error *err) {
     }
     q->base.be = bbe;
     q->async = be->params.async;
+#ifdef DFL_TEST_HOOKS
+    q->delay_rng = be->params.debug_seed ^ (uint64_t)(uintptr_t)q;
+    q->delay_max_us = be->params.debug_max_delay_us;
+#endif
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv_work, NULL);
     pthread_cond_init(&q->cv_space, NULL);
@@ -205,6 +229,15 @@ static void cpu_queue_submit(backend_queue *bq, const backend_op *op) {
     rec.op = *op;
     cpu_queue_push((cpu_queue *)bq, &rec);
 }
+
+#ifdef DFL_TEST_HOOKS
+void backend_cpu_queue_set_test_delay(backend_queue *bq, uint32_t max_us) {
+    cpu_queue *q = (cpu_queue *)bq;
+    pthread_mutex_lock(&q->mu);
+    q->delay_max_us = max_us;
+    pthread_mutex_unlock(&q->mu);
+}
+#endif
 
 static void cpu_event_record(backend_event *bev, backend_queue *bq) {
     cpu_event *ev = (cpu_event *)bev;
@@ -336,11 +369,21 @@ backend_cpu_params backend_cpu_default_params(void) {
     return p;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+/* F16C through CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports has no "f16c"). */
+static bool cpu_has_f16c(void) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return (c & (1u << 29)) != 0;
+}
+#endif
+
 uint32_t cpu_features_detect(void) {
     uint32_t f = 0;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
         f |= BACKEND_CPU_FEATURE_AVX2;
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {

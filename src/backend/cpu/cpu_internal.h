@@ -17,16 +17,37 @@ typedef enum cpu_dot_type {
     CPU_DOT_Q8_K = 2, /* blocks of 256: int8 q, f32 d, int16 sums of each 16 q (llama.cpp's Q8_K) */
 } cpu_dot_type;
 
-/* Activation rows [n_in, n_rows] prepared for one matmul. Row r of each array starts at
- * r * (its per-row length): f [n_in], qs [n_in], d [n_in / block], bsums [n_in / 16]. */
+/* Q8_0 activations are stored in groups of 16 blocks (512 values) "transposed": byte
+ * g*512 + k*64 + j*4 + e of a row holds value 4k + e (k 0..7, e 0..3) of block 16g + j, so that
+ * 32-bit lane j of the k-th 64-byte vector of a group belongs to block j: an integer dot product
+ * instruction accumulates each block in its own lane and one f32 scale per lane applies. Rows are
+ * padded to whole groups with zero blocks (q = 0, d = 0). */
+#define CPU_Q8_0_GROUP 16
+#define CPU_Q8_0_GROUP_VALUES (CPU_Q8_0_GROUP * QK8_0)
+
+static inline int64_t cpu_q8_0_row_pad(int64_t n_in) {
+    return (n_in + CPU_Q8_0_GROUP_VALUES - 1) / CPU_Q8_0_GROUP_VALUES * CPU_Q8_0_GROUP_VALUES;
+}
+
+/* Byte offset of value i of a Q8_0 activation row in the transposed layout. */
+static inline int64_t cpu_q8_0_offset(int64_t i) {
+    const int64_t b = i / QK8_0, w = i % QK8_0;
+    return (b / CPU_Q8_0_GROUP) * CPU_Q8_0_GROUP_VALUES + (w / 4) * 64 + (b % CPU_Q8_0_GROUP) * 4 + w % 4;
+}
+
+/* Activation rows [n_in, n_rows] prepared for one matmul. Per-row lengths:
+ * f [n_in]; Q8_0: qs [row_len] (transposed, padded), d [row_len / 32], ns [row_len / 32];
+ * Q8_K: qs [n_in] (plain order), d [n_in / 256], bsums [n_in / 16]. */
 typedef struct cpu_act {
     cpu_dot_type dot;
     int64_t n_in;
     int64_t n_rows;
-    float *f;         /* [n_rows][n_in]          CPU_DOT_F32 */
-    int8_t *qs;       /* [n_rows][n_in]          CPU_DOT_Q8_0, CPU_DOT_Q8_K */
-    float *d;         /* [n_rows][n_in / block]  CPU_DOT_Q8_0 (block 32), CPU_DOT_Q8_K (block 256) */
-    int16_t *bsums;   /* [n_rows][n_in / 16]     CPU_DOT_Q8_K */
+    int64_t row_len;  /* values per row in qs (n_in, or padded to a whole group for Q8_0) */
+    float *f;         /* [n_rows][n_in]            CPU_DOT_F32 */
+    int8_t *qs;       /* [n_rows][row_len]         CPU_DOT_Q8_0, CPU_DOT_Q8_K */
+    float *d;         /* [n_rows][row_len / block] CPU_DOT_Q8_0 (block 32), CPU_DOT_Q8_K (block 256) */
+    int32_t *ns;      /* [n_rows][row_len / 32]    CPU_DOT_Q8_0: minus the sum of each block's q */
+    int16_t *bsums;   /* [n_rows][n_in / 16]       CPU_DOT_Q8_K */
 } cpu_act;
 
 /* The dot type a weight type is multiplied with. */

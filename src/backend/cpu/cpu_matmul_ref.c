@@ -52,20 +52,20 @@ static double dot_row(uint32_t wtype, const void *wrow, const cpu_act *act, int6
     }
     case QUANT_TYPE_Q8_0:
     case QUANT_TYPE_Q4_0: {
-        const int8_t *qx = act->qs + r * n;
-        const float *dx = act->d + r * (n / QK8_0);
+        const int8_t *qx = act->qs + r * act->row_len; /* transposed layout: cpu_q8_0_offset */
+        const float *dx = act->d + r * (act->row_len / QK8_0);
         for (int64_t b = 0; b < n / QK8_0; b++) {
             int32_t isum = 0;
             float dw;
             if (wtype == QUANT_TYPE_Q8_0) {
                 const block_q8_0 *blk = (const block_q8_0 *)wrow + b;
-                for (int j = 0; j < QK8_0; j++) isum += blk->qs[j] * qx[b * QK8_0 + j];
+                for (int j = 0; j < QK8_0; j++) isum += blk->qs[j] * qx[cpu_q8_0_offset(b * QK8_0 + j)];
                 dw = fp16_to_fp32(blk->d);
             } else {
                 const block_q4_0 *blk = (const block_q4_0 *)wrow + b;
                 for (int j = 0; j < QK4_0 / 2; j++) {
-                    isum += ((blk->qs[j] & 0xF) - 8) * qx[b * QK8_0 + j];
-                    isum += ((blk->qs[j] >> 4) - 8) * qx[b * QK8_0 + j + 16];
+                    isum += ((blk->qs[j] & 0xF) - 8) * qx[cpu_q8_0_offset(b * QK8_0 + j)];
+                    isum += ((blk->qs[j] >> 4) - 8) * qx[cpu_q8_0_offset(b * QK8_0 + j + 16)];
                 }
                 dw = fp16_to_fp32(blk->d);
             }

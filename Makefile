@@ -28,18 +28,72 @@ TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/runner.o
 # the ordering tests); the release library and CLI never contain the hooks.
 TLIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/test-obj/%.o)
 
-.PHONY: all lib test check run deps asan tsan fuzz install clean toolchains models
+# ---- CUDA backend (optional) ----------------------------------------------------------------
+# CUDA=auto (default): built when nvcc is found; CUDA=1: required; CUDA=0: never (CPU only).
+# The .cu files of src/backend/cuda/ are compiled by nvcc for sm_90 plus compute_90 PTX, with
+# warnings as errors; the C code gets -DDFL_HAVE_CUDA and links the CUDA runtime.
+CUDA ?= auto
+ifeq ($(CUDA),auto)
+CUDA_ON := $(if $(NVCC),1,0)
+else
+CUDA_ON := $(CUDA)
+endif
+ifeq ($(CUDA_ON),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but nvcc was not found (PATH or /usr/local/cuda/bin))
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_SRC  := $(sort $(wildcard src/backend/cuda/*.cu))
+CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCC_WERROR := $(shell $(NVCC) --help 2>/dev/null | grep -q -e '--Werror' && echo '--Werror all-warnings')
+NVCCFLAGS ?= -O3 -g
+ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(CUDA_ARCH) $(NVCC_WERROR) -Xcompiler -Wall,-Wextra,-Werror,-fPIC \
+                -Iinclude -Isrc -DDFL_HAVE_CUDA -DDFL_CUDA_LIBDIR=\"$(CUDA_HOME)/lib64\" -MMD -MP
+ALL_CFLAGS += -DDFL_HAVE_CUDA
+LIB_OBJ   += $(CUDA_OBJ)
+TLIB_OBJ  += $(CUDA_OBJ)
+# cuBLAS is opened at run time (src/backend/cuda/cuda_blas.cu): linking it costs every process
+# about a second of start-up; the run path lets that dlopen find it
+LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++
+CUDA_MSG   = ON: $(NVCC) (release $(shell $(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')), $(CUDA_ARCH), cudart and (at run time) cuBLAS from $(CUDA_HOME)/lib64
+else
+CUDA_MSG   = OFF (CUDA=$(CUDA)$(if $(NVCC),,; nvcc not found))
+endif
+# objects depend on the CUDA setting (DFL_HAVE_CUDA): switching it rebuilds them
+CONFIG_STAMP := $(BUILD)/.config-cuda-$(CUDA_ON)
+
+.PHONY: all lib test check run deps asan tsan fuzz install clean toolchains models bench-cuda
 
 all: toolchains $(BUILD)/dflash $(BUILD)/libdflash.a $(BUILD)/libdflash.so
 
 toolchains:
 	@echo "dflash: cc = $(CC) ($$($(CC) -dumpfullversion -dumpversion 2>/dev/null))"
 	@if [ -n "$(NVCC)" ]; then echo "dflash: nvcc found at $(NVCC)"; else echo "dflash: nvcc not found (CUDA backend not built)"; fi
+	@echo "dflash: CUDA backend $(CUDA_MSG)"
 	@if [ -n "$(CLANG)" ]; then echo "dflash: clang found at $(CLANG) (make fuzz available)"; else echo "dflash: clang not found (make fuzz unavailable)"; fi
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(ALL_NVCCFLAGS) -c $< -o $@
+
+$(CONFIG_STAMP):
+	@mkdir -p $(BUILD)
+	@rm -f $(BUILD)/.config-cuda-*
+	@touch $@
+
+$(LIB_OBJ) $(TLIB_OBJ) $(TOOL_OBJ) $(TEST_OBJ): $(CONFIG_STAMP)
+
+# `make bench-cuda`: the CUDA benchmark program (tests/bench/bench_cuda.c) used by
+# tools/device-check.sh.
+bench-cuda: $(BUILD)/bench-cuda
+$(BUILD)/bench-cuda: tests/bench/bench_cuda.c $(BUILD)/libdflash.a $(CONFIG_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ tests/bench/bench_cuda.c $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/test-obj/%.o: %.c
 	@mkdir -p $(dir $@)

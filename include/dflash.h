@@ -69,6 +69,13 @@ void dfl_model_free(dfl_model *model);
 typedef struct dfl_context dfl_context;
 typedef struct dfl_batch dfl_batch;
 
+/* Where a context runs. */
+typedef enum dfl_device {
+    DFL_DEVICE_CPU = 0,  /* the CPU backend (always built) */
+    DFL_DEVICE_CUDA = 1, /* an NVIDIA GPU (builds with CUDA only; otherwise context creation fails
+                          * with "built without CUDA") */
+} dfl_device;
+
 typedef struct dfl_context_params {
     int64_t n_ctx;          /* positions per sequence; 0: min(n_ctx_train, 4096) */
     int32_t n_seq;          /* sequences (default 1) */
@@ -94,6 +101,9 @@ typedef struct dfl_context_params {
      * micro-batch and copied to host memory (the host path) */
     bool no_feature_buffer;
     size_t feature_buffer_max;
+    /* the backend a context creates when it shares none (default DFL_DEVICE_CPU); a drafter
+     * context always runs on its target's backend */
+    dfl_device device;
 } dfl_context_params;
 
 dfl_context_params dfl_context_default_params(void);

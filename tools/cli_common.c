@@ -125,6 +125,13 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
     if (!strcmp(a, "--feature-buffer-max")) {
         NEED_VALUE(); if (!parse_i64(v, 0, INT64_MAX, &iv)) BAD("bytes >= 0"); o->feature_buffer_max = iv; return 1;
     }
+    if (!strcmp(a, "--device")) {
+        NEED_VALUE();
+        if (!strcmp(v, "cpu")) o->device = DFL_DEVICE_CPU;
+        else if (!strcmp(v, "cuda")) o->device = DFL_DEVICE_CUDA;
+        else BAD("cpu or cuda");
+        return 1;
+    }
     if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) {
         NEED_VALUE(); if (!parse_i64(v, 1, 64, &iv)) BAD("1..64"); o->n_seq = (int32_t)iv; return 1;
     }
@@ -156,6 +163,7 @@ void cli_print_common_help(FILE *out) {
             "                          env DFLASH_FEATURES)\n"
             "  --feature-wait host|device  where the drafter waits for the target's features\n"
             "  --feature-buffer-max B  cap of the feature buffer in bytes (above: host copies)\n"
+            "  --device cpu|cuda       where the model runs (default cpu; cuda needs a CUDA build)\n"
             "  --no-spec               ignore the drafter (plain autoregressive decoding)\n"
             "  --async                 queues run on worker threads (like GPU streams)\n"
             "  --json                  print one JSON object at the end instead of streaming\n",
@@ -253,6 +261,7 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
     cp.n_threads = o->n_threads;
     cp.n_threads_batch = o->n_threads_batch;
     cp.async = o->async;
+    cp.device = o->device;
     if (spec) {
         const int64_t n_verify = (int64_t)o->n_seq * (n_draft + 1);
         if (cp.n_batch < n_verify) cp.n_batch = cp.n_ubatch = n_verify;
@@ -294,8 +303,8 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
         }
         if (!quiet) {
             const bool dev = !strcmp(dfl_spec_feature_path_name(s->spec), "device");
-            fprintf(stderr, "dflash: target features via %s (%s)\n", dev ? "device buffer" : "host copies",
-                    dfl_spec_feature_note(s->spec));
+            fprintf(stderr, "dflash: target features via %s (%s; %s backend)\n", dev ? "device buffer" : "host copies",
+                    dfl_spec_feature_note(s->spec), o->device == DFL_DEVICE_CUDA ? "cuda" : "cpu");
         }
     }
     return 0;

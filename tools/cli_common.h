@@ -27,6 +27,7 @@ typedef struct cli_opts {
     dfl_feature_wait feature_wait;
     int64_t feature_buffer_max; /* bytes, 0: no cap */
     int32_t n_seq;
+    dfl_device device;        /* --device cpu|cuda */
 } cli_opts;
 
 void cli_opts_default(cli_opts *o);

@@ -2,7 +2,11 @@
  * (validate the whole batch, then run it micro-batch by micro-batch), outputs and the KV
  * sequence operations. */
 #include "model/context.h"
+#include "model/weights_device.h"
 #include "base/error.h"
+#ifdef DFL_HAVE_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -307,6 +311,20 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
         ctx->be = be; /* borrowed */
     } else if (p.share_backend != NULL) {
         ctx->be = p.share_backend->be;
+    } else if (p.device == DFL_DEVICE_CUDA) {
+#ifdef DFL_HAVE_CUDA
+        backend_cuda_params bp = backend_cuda_default_params();
+        ctx->be = backend_cuda_new(&bp, err);
+        ctx->own_backend = true;
+        if (ctx->be == NULL) goto fail;
+#else
+        error_set(err, DFL_ERR_UNSUPPORTED, "device cuda: dflash was built without CUDA (rebuild with make CUDA=1 "
+                  "where nvcc is installed)");
+        goto fail;
+#endif
+    } else if (p.device != DFL_DEVICE_CPU) {
+        error_set(err, DFL_ERR_INVALID, "unknown device %d (expected DFL_DEVICE_CPU or DFL_DEVICE_CUDA)", (int)p.device);
+        goto fail;
     } else {
         backend_cpu_params bp = backend_cpu_default_params();
         bp.n_threads = p.n_threads;
@@ -323,6 +341,11 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
         goto fail;
     }
     if (ctx_weights_bind(&ctx->w, model, err) != DFL_OK) goto fail;
+    if (!backend_get_caps(ctx->be).host_visible) {
+        /* the backend cannot read the mapping: use (upload once) the model's device copy */
+        if (weights_device_acquire(model, ctx->be, &ctx->w, err) != DFL_OK) goto fail;
+        ctx->weights_on_device = true;
+    }
     if (p.target != NULL) {
         /* the drafter uses the target's embedding and head unless it ships its own */
         if (!ctx->w.has_token_embd) ctx->w.token_embd = p.target->w.token_embd;
@@ -359,6 +382,7 @@ void dfl_context_free(dfl_context *ctx) {
     if (ctx->ev_read) backend_event_free(ctx->ev_read);
     if (ctx->s.buf) backend_buffer_free(ctx->s.buf);
     kv_cache_free(&ctx->kv);
+    if (ctx->weights_on_device) weights_device_release(ctx->model, ctx->be);
     ctx_weights_free(&ctx->w);
     if (ctx->queue) backend_queue_free(ctx->queue);
     if (ctx->own_backend && ctx->be) backend_free(ctx->be);

@@ -78,6 +78,7 @@ struct dfl_context {
     dfl_context_params params;
     backend *be;
     bool own_backend;
+    bool weights_on_device;   /* w points into the model's device copy (weights_device.c) */
     backend_queue *queue;
     kv_cache kv;
     ctx_weights w;

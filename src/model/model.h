@@ -7,6 +7,15 @@
 #include "gguf/gguf.h"
 
 #define MODEL_MAX_LAYERS 512
+#define MODEL_MAX_DEVICE_COPIES 8
+
+/* A copy of the model's tensor data in the memory of a backend that is not host-visible (CUDA),
+ * shared by the contexts of this model on that backend (weights_device.c). */
+typedef struct model_device_copy {
+    struct backend *be;          /* NULL: slot unused */
+    struct backend_buffer *buf;  /* the GGUF data section, byte for byte */
+    int64_t refs;                /* contexts using it */
+} model_device_copy;
 
 /* One transformer block's weights (ggml shapes, ne[0] = input dim). */
 typedef struct model_layer {
@@ -46,6 +55,7 @@ struct dfl_model {
     model_layer *layers;                /* [n_layer] */
     uint64_t n_params;                  /* elements of all tensors */
     uint64_t n_bytes;                   /* bytes of all tensors */
+    model_device_copy dev[MODEL_MAX_DEVICE_COPIES]; /* uploaded weights, per backend */
 };
 
 /* The GGUF file under a model (for the vocabulary and inspection). */

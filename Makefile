@@ -141,7 +141,8 @@ deps:
 	sh tools/install-deps.sh
 
 # The README's two commands.
-# `make check`: everything CI runs (the plain suite, then ASan+UBSan, then TSan on the threaded tests).
+# `make check`: everything CI runs (the plain suite, then ASan+UBSan, then TSan on the threaded tests;
+# the sanitizer builds are CPU-only: without a GPU the CUDA tests skip anyway).
 TSAN_TESTS ?= thread async pool queue event feature_order backend_queue
 check: deps
 	$(MAKE) all
@@ -153,11 +154,11 @@ run: deps
 	./$(BUILD)/dflash --version
 
 asan:
-	$(MAKE) BUILD=build-asan OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	$(MAKE) BUILD=build-asan CUDA=0 OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	        LDFLAGS="-fsanitize=address,undefined" CLI_LIB=build-asan/libdflash-test.a test
 
 tsan:
-	$(MAKE) BUILD=build-tsan OPT=-O1 EXTRA_CFLAGS="-fsanitize=thread" LDFLAGS="-fsanitize=thread" \
+	$(MAKE) BUILD=build-tsan CUDA=0 OPT=-O1 EXTRA_CFLAGS="-fsanitize=thread" LDFLAGS="-fsanitize=thread" \
 	        CLI_LIB=build-tsan/libdflash-test.a test
 
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))

@@ -1,0 +1,85 @@
+/* test_embedded.c: the embedded default pair (models/target.gguf + models/drafter.gguf, trained
+ * here, see models/README.md): on fixed prompts, greedy speculative output equals the target's
+ * own greedy output, and the drafter is really accepted (tau > 2). Skips while the pair is absent. */
+#include "test.h"
+#include "test_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define N_GEN 64
+
+static const char *k_prompts[] = {
+    "def read_config(path):\n    \"\"\"Read a configuration file and return a dict.\"\"\"\n    with open(path) as f:\n",
+    "import os\nimport sys\n\n\nclass Cache:\n    def __init__(self, size):\n        self.size = size\n",
+    "In the beginning God created the heaven and the earth. And the earth was",
+    "And the LORD spake unto Moses, saying,",
+};
+
+TEST(embedded_pair_lossless_and_accepted) {
+    const char *tp = "models/target.gguf", *dp = "models/drafter.gguf";
+    if (access(tp, R_OK) != 0 || access(dp, R_OK) != 0) {
+        test_skip(t, "the embedded pair (models/target.gguf, models/drafter.gguf) is not in this checkout");
+        return;
+    }
+    dfl_error err = {0};
+    dfl_model *tm = dfl_model_load(tp, NULL, &err), *dm = tm ? dfl_model_load(dp, NULL, &err) : NULL;
+    dfl_vocab *vocab = dm ? dfl_vocab_load(tp, &err) : NULL;
+    REQUIRE(vocab != NULL);
+    const dfl_hparams *dh = dfl_model_hparams(dm);
+    dfl_context_params cp = dfl_context_default_params();
+    cp.n_ctx = 512;
+    cp.n_batch = 64;
+    cp.n_outputs = 64;
+    cp.n_threads = 1;
+    cp.n_threads_batch = 1;
+    cp.n_capture = (int32_t)dh->n_target_layers;
+    cp.capture_layers = dh->target_layers;
+    dfl_context *tc = dfl_context_new(tm, &cp, &err);
+    dfl_context_params rp = cp;
+    rp.n_capture = 0;
+    rp.capture_layers = NULL;
+    dfl_context *rc = tc ? dfl_context_new(tm, &rp, &err) : NULL;
+    dfl_context_params dpp = dfl_context_default_params();
+    dpp.target = tc;
+    dfl_context *dc = rc ? dfl_context_new(dm, &dpp, &err) : NULL;
+    dfl_spec *spec = dc ? dfl_spec_new(tc, dc, NULL, &err) : NULL;
+    REQUIRE(spec != NULL);
+    const int64_t nv = dfl_n_vocab(tc);
+    (void)nv;
+    int64_t steps = 0, accepted = 0;
+    for (size_t p = 0; p < sizeof(k_prompts) / sizeof(k_prompts[0]); p++) {
+        int32_t prompt[256], ref[N_GEN + 32], got[N_GEN + 32];
+        int64_t n = dfl_tokenize(vocab, k_prompts[p], strlen(k_prompts[p]), prompt, 256, true, false);
+        REQUIRE(n > 0 && n < 256);
+        dfl_seq_remove(rc, 0, 0, NULL);
+        REQUIRE(tu_greedy(rc, 0, prompt, n, N_GEN, ref, &err) == DFL_OK);
+        dfl_spec_seq_reset(spec, 0);
+        dfl_spec_stats s0 = dfl_spec_get_stats(spec);
+        int32_t first, seq = 0, toks[64], nt = 0;
+        REQUIRE(dfl_spec_prefill(spec, 0, prompt, n, &first, &err) == DFL_OK);
+        int64_t k = 0;
+        got[k++] = first;
+        while (k < N_GEN) {
+            REQUIRE(dfl_spec_step(spec, 1, &seq, toks, &nt, &err) == DFL_OK);
+            for (int32_t j = 0; j < nt && k < N_GEN + 32; j++) got[k++] = toks[j];
+        }
+        dfl_spec_stats s1 = dfl_spec_get_stats(spec);
+        const int64_t ds = s1.n_steps - s0.n_steps, da = s1.n_accepted - s0.n_accepted;
+        steps += ds;
+        accepted += da;
+        printf("    prompt %zu: tau %.2f over %lld steps\n", p, ds ? (double)(da + ds) / (double)ds : 0.0, (long long)ds);
+        CHECK_MSG(memcmp(got, ref, N_GEN * sizeof(int32_t)) == 0, "prompt %zu: speculative output differs from greedy", p);
+    }
+    const double tau = steps ? (double)(accepted + steps) / (double)steps : 0.0;
+    printf("    embedded pair: tau %.2f over %lld steps (block %lld)\n", tau, (long long)steps, (long long)dh->block_size);
+    CHECK_MSG(tau > 2.0, "tau %.2f <= 2 on the fixed prompts", tau);
+    dfl_spec_free(spec);
+    dfl_context_free(dc);
+    dfl_context_free(rc);
+    dfl_context_free(tc);
+    dfl_vocab_free(vocab);
+    dfl_model_free(dm);
+    dfl_model_free(tm);
+}

@@ -151,7 +151,8 @@ check: deps
 	$(MAKE) tsan T="$(TSAN_TESTS)"
 run: deps
 	$(MAKE) all
-	./$(BUILD)/dflash --version
+	./$(BUILD)/dflash generate -n 96 -p 'def read_config(path):'
+	./$(BUILD)/dflash generate -n 64 -p 'And the LORD spake unto Moses, saying,'
 
 asan:
 	$(MAKE) BUILD=build-asan CUDA=0 OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \

@@ -44,8 +44,8 @@ def main():
     v = Vocab.load(os.path.join(W, "vocab.json"))
     t = round_to_export(load_target(os.path.join(W, "target_final.pt")))
     d = round_to_export(load_drafter(os.path.join(W, "drafter_final.pt"), t))
-    rt = M.Target(os.path.join(a.models, "dflash-default-target.gguf"))
-    rd = M.Drafter(os.path.join(a.models, "dflash-default-drafter.gguf"), rt)
+    rt = M.Target(os.path.join(a.models, "target.gguf"))
+    rd = M.Drafter(os.path.join(a.models, "drafter.gguf"), rt)
     tl = d.c.target_layers
     assert rd.target_layers == tl and rd.block_size == d.c.block_size and rd.mask_token_id == d.c.mask_token_id
     res = {"tolerance": TOL, "cases": []}

@@ -213,13 +213,13 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     t = round_to_export(load_target(a.target_ckpt or os.path.join(a.work, "target_final.pt")))
     assert t.c.n_vocab == len(v)
-    tp = os.path.join(a.out, "dflash-default-target.gguf")
+    tp = os.path.join(a.out, "target.gguf")
     export_target(t, v, tp, "dflash-default-target")
     print("export: %s (%.1f MB)" % (tp, os.path.getsize(tp) / 1e6))
     dpath = a.drafter_ckpt or os.path.join(a.work, "drafter_final.pt")
     if os.path.exists(dpath):
         d = round_to_export(load_drafter(dpath, t))
-        dp = os.path.join(a.out, "dflash-default-drafter.gguf")
+        dp = os.path.join(a.out, "drafter.gguf")
         export_drafter(d, v, dp, "dflash-default-drafter")
         print("export: %s (%.1f MB)" % (dp, os.path.getsize(dp) / 1e6))
 

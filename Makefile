@@ -10,7 +10,7 @@ OPT     ?= -O2
 CFLAGS_BASE = -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wvla \
               -D_GNU_SOURCE -fPIC -Iinclude -Isrc -pthread
 CFLAGS  ?= $(OPT) -g
-ALL_CFLAGS = $(CFLAGS_BASE) $(CFLAGS) $(EXTRA_CFLAGS) -MMD -MP
+ALL_CFLAGS = $(CFLAGS_BASE) $(CFLAGS) $(EXTRA_CFLAGS) -MMD -MP -DDFLASH_MODEL_DIR=\"$(abspath models)\"
 LDLIBS  = -lm -lpthread -lpcre2-8
 VERSION = 0.1.0
 
@@ -24,6 +24,9 @@ TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/runner.o
+# The test runner links a variant of the library built with -DDFL_TEST_HOOKS (fault injection for
+# the ordering tests); the release library and CLI never contain the hooks.
+TLIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/test-obj/%.o)
 
 .PHONY: all lib test check run deps asan tsan fuzz install clean toolchains models
 
@@ -38,6 +41,18 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
+$(BUILD)/test-obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DDFL_TEST_HOOKS -c $< -o $@
+
+$(BUILD)/tests/%.o: tests/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DDFL_TEST_HOOKS -c $< -o $@
+
+$(BUILD)/libdflash-test.a: $(TLIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
 $(BUILD)/libdflash.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -45,8 +60,11 @@ $(BUILD)/libdflash.a: $(LIB_OBJ)
 $(BUILD)/libdflash.so: $(LIB_OBJ)
 	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
-$(BUILD)/dflash: $(TOOL_OBJ) $(BUILD)/libdflash.a
-	$(CC) $(ALL_CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
+# The CLI links the release library; sanitizer builds link it to the test variant instead (one
+# compile of the sources per sanitizer).
+CLI_LIB ?= $(BUILD)/libdflash.a
+$(BUILD)/dflash: $(TOOL_OBJ) $(CLI_LIB)
+	$(CC) $(ALL_CFLAGS) -o $@ $(TOOL_OBJ) $(CLI_LIB) $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/tests/test_list.h: $(TEST_SRC) tests/gen_list.sh
 	@mkdir -p $(dir $@)
@@ -54,14 +72,14 @@ $(BUILD)/tests/test_list.h: $(TEST_SRC) tests/gen_list.sh
 
 $(BUILD)/tests/runner.o: tests/runner.c $(BUILD)/tests/test_list.h
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -I$(BUILD)/tests -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -DDFL_TEST_HOOKS -I$(BUILD)/tests -c $< -o $@
 
-$(BUILD)/dflash-tests: $(TEST_OBJ) $(BUILD)/libdflash.a
-	$(CC) $(ALL_CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
+$(BUILD)/dflash-tests: $(TEST_OBJ) $(BUILD)/libdflash-test.a
+	$(CC) $(ALL_CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libdflash-test.a $(LDFLAGS) $(LDLIBS)
 
 # Runs every test (C unit tests, CLI tests, numpy reference and llama.cpp peer tests; the last
 # two skip with a message where python3-numpy or node are missing).
-test: all $(BUILD)/dflash-tests
+test: toolchains $(BUILD)/dflash $(BUILD)/dflash-tests
 	DFLASH_CLI=$(BUILD)/dflash ./$(BUILD)/dflash-tests $(T)
 
 # Dependencies (Debian packages and the pinned npm peers); idempotent.
@@ -70,8 +88,9 @@ deps:
 
 # The README's two commands.
 # `make check`: everything CI runs (the plain suite, then ASan+UBSan, then TSan on the threaded tests).
-TSAN_TESTS ?= thread async pool queue event
+TSAN_TESTS ?= thread async pool queue event feature_order backend_queue
 check: deps
+	$(MAKE) all
 	$(MAKE) test
 	$(MAKE) asan
 	$(MAKE) tsan T="$(TSAN_TESTS)"
@@ -81,10 +100,11 @@ run: deps
 
 asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	        LDFLAGS="-fsanitize=address,undefined" test
+	        LDFLAGS="-fsanitize=address,undefined" CLI_LIB=build-asan/libdflash-test.a test
 
 tsan:
-	$(MAKE) BUILD=build-tsan OPT=-O1 EXTRA_CFLAGS="-fsanitize=thread" LDFLAGS="-fsanitize=thread" test
+	$(MAKE) BUILD=build-tsan OPT=-O1 EXTRA_CFLAGS="-fsanitize=thread" LDFLAGS="-fsanitize=thread" \
+	        CLI_LIB=build-tsan/libdflash-test.a test
 
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
@@ -113,3 +133,10 @@ clean:
 	rm -rf build build-asan build-tsan build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# `make bench-ops`: CPU backend matmul micro-benchmark (tests/bench/bench_ops.c).
+.PHONY: bench-ops
+$(BUILD)/bench_ops: tests/bench/bench_ops.c $(BUILD)/libdflash.a
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
+bench-ops: $(BUILD)/bench_ops
+	./$(BUILD)/bench_ops $(BENCH_ARGS)

@@ -81,10 +81,19 @@ typedef struct dfl_context_params {
     bool async;             /* the context's queue runs on a worker thread */
     /* the backend (thread pool) of another context to share; NULL: create one */
     dfl_context *share_backend;
+    /* a drafter context (arch dflash) REQUIRES its target context: it shares the target's
+     * backend, token embedding, output head (unless the drafter ships its own) and features */
+    dfl_context *target;
     /* layer-input ids whose hidden states are captured for every token of every batch
      * (id L = residual stream entering layer L; id n_layer = the last layer's output) */
     int32_t n_capture;
     const int32_t *capture_layers;
+    /* the capture goes into ONE feature buffer [n_capture*n_embd, n_batch] in backend memory
+     * (row r = batch entry r, columns in capture_layers order, any id order) unless disabled
+     * here or larger than feature_buffer_max bytes (0: no cap); then features are staged per
+     * micro-batch and copied to host memory (the host path) */
+    bool no_feature_buffer;
+    size_t feature_buffer_max;
 } dfl_context_params;
 
 dfl_context_params dfl_context_default_params(void);
@@ -99,8 +108,11 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err);
 /* Logits [n_vocab] of entry i of the last decoded batch; NULL if i had no output. */
 const float *dfl_get_logits(const dfl_context *ctx, int64_t i);
 /* Captured layer inputs of entry i of the last batch: [n_capture * n_embd] floats, in the
- * capture_layers order; NULL without capture. */
+ * capture_layers order; NULL without capture or when they stay in the device feature buffer. */
 const float *dfl_get_features(const dfl_context *ctx, int64_t i);
+/* True when the context captures into a device feature buffer (else: host path), and why not. */
+bool dfl_context_has_feature_buffer(const dfl_context *ctx);
+const char *dfl_context_feature_buffer_note(const dfl_context *ctx);
 int64_t dfl_n_vocab(const dfl_context *ctx);
 int64_t dfl_n_ctx(const dfl_context *ctx);
 int32_t dfl_n_seq(const dfl_context *ctx);
@@ -111,6 +123,81 @@ dfl_status dfl_seq_remove(dfl_context *ctx, int32_t seq, int64_t p0, dfl_error *
 /* Makes dst a copy of src (its KV cells and length). */
 dfl_status dfl_seq_copy(dfl_context *ctx, int32_t src, int32_t dst, dfl_error *err);
 const dfl_model *dfl_context_model(const dfl_context *ctx);
+
+/* ---- speculative decoding (DFlash) ------------------------------------------------------- */
+
+/* A speculative session over a target context and a drafter context (created with
+ * params.target = the target context, whose capture_layers are the drafter's target_layers).
+ * Each step drafts one block per active sequence in ONE drafter pass, verifies all of them in ONE
+ * target batch, keeps the longest correct prefix plus a bonus token, and rolls both caches back.
+ * Greedy output is bit-identical to the target's own greedy decoding; at temperature > 0 the
+ * rejection rule keeps the output distribution exactly the target's. */
+typedef struct dfl_spec dfl_spec;
+
+typedef enum dfl_feature_path {
+    DFL_FEATURES_DEVICE = 0, /* the drafter reads rows of the target's feature buffer in place */
+    DFL_FEATURES_HOST = 1,   /* features are copied through host memory */
+} dfl_feature_path;
+
+/* How the drafter waits for the target's `written` event before it reads the feature buffer:
+ * on the host (event synchronize, the seed's choice: a device-side wait would stall the
+ * drafter's queue for the whole target batch) or on its queue (device-side; only where the
+ * backend's queues are independent). */
+typedef enum dfl_feature_wait {
+    DFL_WAIT_HOST = 0,
+    DFL_WAIT_DEVICE = 1,
+} dfl_feature_wait;
+
+typedef struct dfl_spec_params {
+    int32_t n_draft;             /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
+    float temp;                  /* <= 0: greedy */
+    int32_t top_k;               /* target sampling transforms at temp > 0 (as dfl_sampler_params) */
+    float top_p;
+    float min_p;
+    uint64_t seed;
+    dfl_feature_path features;   /* default DFL_FEATURES_DEVICE */
+    dfl_feature_wait wait;       /* default DFL_WAIT_HOST */
+    /* optional: called after each drafter pass with a sequence's draft tokens, which it may
+     * replace (other drafting strategies; tests that force acceptance patterns). Output stays
+     * lossless whatever it writes, as long as the ids are inside the vocabulary. */
+    void (*draft_hook)(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
+    void *draft_hook_user;
+} dfl_spec_params;
+
+typedef struct dfl_spec_stats {
+    int64_t n_steps;             /* speculative steps (per sequence) */
+    int64_t n_drafted;           /* draft tokens proposed */
+    int64_t n_accepted;          /* draft tokens accepted */
+    int64_t accept_hist[65];     /* accept_hist[k]: steps that accepted exactly k draft tokens */
+    double t_draft_ms;           /* drafting (drafter block decode) */
+    double t_verify_ms;          /* target verification batches */
+    double t_inject_ms;          /* drafter feature injection */
+    double t_prefill_ms;         /* prompt processing (target + drafter injection) */
+    double t_other_ms;           /* acceptance and bookkeeping */
+    uint64_t feature_host_bytes; /* bytes of features copied through host memory */
+    int64_t n_prefill_tokens;
+} dfl_spec_stats;
+
+dfl_spec_params dfl_spec_default_params(void);
+dfl_spec *dfl_spec_new(dfl_context *target, dfl_context *drafter, const dfl_spec_params *params, dfl_error *err);
+void dfl_spec_free(dfl_spec *spec);
+/* Processes seq's prompt (target + drafter context) and returns the first generated token. The
+ * sequence must be empty in both contexts. */
+dfl_status dfl_spec_prefill(dfl_spec *spec, int32_t seq, const int32_t *prompt, int64_t n_prompt, int32_t *first,
+                            dfl_error *err);
+/* One speculative step for n sequences (each prefilled). tokens [n, n_draft+1] receives each
+ * sequence's newly committed tokens (accepted drafts, then the bonus), n_tokens [n] their count
+ * (1..n_draft+1). */
+dfl_status dfl_spec_step(dfl_spec *spec, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
+                         dfl_error *err);
+/* Forgets seq in both contexts (so it can be prefilled again). */
+void dfl_spec_seq_reset(dfl_spec *spec, int32_t seq);
+int32_t dfl_spec_n_draft(const dfl_spec *spec);
+dfl_spec_stats dfl_spec_get_stats(const dfl_spec *spec);
+/* "device" or "host": the path in use (a device request falls back to host copies when the
+ * target has no feature buffer or the drafter cannot read it); the note says why. */
+const char *dfl_spec_feature_path_name(const dfl_spec *spec);
+const char *dfl_spec_feature_note(const dfl_spec *spec);
 
 /* Hyperparameters of a loaded model. */
 typedef struct dfl_hparams {
@@ -138,6 +225,9 @@ typedef struct dfl_hparams {
 } dfl_hparams;
 
 const dfl_hparams *dfl_model_hparams(const dfl_model *model);
+/* Bytes and elements of all the model's tensors. */
+uint64_t dfl_model_n_bytes(const dfl_model *model);
+uint64_t dfl_model_n_params(const dfl_model *model);
 const char *dfl_arch_name(dfl_arch arch);
 
 /* ---- batch ------------------------------------------------------------------------------ */
@@ -223,6 +313,101 @@ int32_t dfl_sampler_sample(dfl_sampler *sampler, const float *logits);
 dfl_status dfl_sampler_accept(dfl_sampler *sampler, int32_t token);
 /* Empties the repetition window and restarts the generator from the seed. */
 void dfl_sampler_reset(dfl_sampler *sampler);
+/* ---- vocab: the tokenizer (byte-level BPE, as the reference tokenizer of the model) -------- */
+
+typedef struct dfl_vocab dfl_vocab;
+
+/* Token types (the values GGUF's tokenizer.ggml.token_type uses). */
+typedef enum dfl_token_type {
+    DFL_TOKEN_TYPE_INVALID = 0,      /* not a token id of this vocabulary */
+    DFL_TOKEN_TYPE_NORMAL = 1,
+    DFL_TOKEN_TYPE_UNKNOWN = 2,
+    DFL_TOKEN_TYPE_CONTROL = 3,      /* e.g. <|im_start|>: matched in text only with parse_special */
+    DFL_TOKEN_TYPE_USER_DEFINED = 4, /* e.g. <think>: always matched in text */
+    DFL_TOKEN_TYPE_UNUSED = 5,       /* padding entries */
+    DFL_TOKEN_TYPE_BYTE = 6,
+} dfl_token_type;
+
+/* Returned by the functions below (instead of a count) for an invalid argument or when memory
+ * runs out. */
+#define DFL_VOCAB_FAIL INT64_MIN
+
+/* Loads only the vocabulary of a GGUF file (a model or a vocabulary-only file): model "gpt2"
+ * (byte-level BPE), pre-tokenizer "qwen2", "llama3"/"llama-bpe" or "gpt2"/"default" (absent =
+ * gpt2). NULL + err on failure. */
+dfl_vocab *dfl_vocab_load(const char *path, dfl_error *err);
+void dfl_vocab_free(dfl_vocab *vocab);
+
+int64_t dfl_vocab_n_tokens(const dfl_vocab *vocab);
+/* Special token ids, -1 where the vocabulary has none. eot: tokenizer.ggml.eot_token_id, else
+ * the first of <|eot_id|>, <|im_end|>, <|end|>, <end_of_turn> that is a control token. */
+int32_t dfl_vocab_bos(const dfl_vocab *vocab);
+int32_t dfl_vocab_eos(const dfl_vocab *vocab);
+int32_t dfl_vocab_eot(const dfl_vocab *vocab);
+int32_t dfl_vocab_pad(const dfl_vocab *vocab);
+int32_t dfl_vocab_mask(const dfl_vocab *vocab);
+bool dfl_vocab_add_bos(const dfl_vocab *vocab);
+/* True for tokens that end a generation (eos, eot, and control tokens such as <|endoftext|>). */
+bool dfl_vocab_is_eog(const dfl_vocab *vocab, int32_t token);
+dfl_token_type dfl_vocab_token_type(const dfl_vocab *vocab, int32_t token);
+/* The token whose text is exactly text[0..len) (decoded bytes; control tokens included), or -1. */
+int32_t dfl_vocab_find(const dfl_vocab *vocab, const char *text, size_t len);
+/* The pre-tokenizer in use: "qwen2", "llama3" or "gpt2". */
+const char *dfl_vocab_pre_name(const dfl_vocab *vocab);
+
+/* Tokenizes text[0..len) (any bytes) into tokens[0..n_max). Returns the token count n; if n > n_max,
+ * writes the first n_max and returns -n (tokens NULL, n_max 0 = a count query); DFL_VOCAB_FAIL on a
+ * bad argument (len > INT32_MAX included) or out of memory. Thread-safe (one vocabulary may serve
+ * many threads). n <= 3 * len + 2 always (NFC can lengthen the text: use that bound, or the count
+ * query, to size tokens; n <= len + 2 for text that NFC leaves alone).
+ * add_special: add BOS (and EOS) where the vocabulary asks for it (tokenizer.ggml.add_bos_token).
+ * parse_special: control tokens written in the text (e.g. "<|im_start|>") become those tokens;
+ * otherwise they are tokenized as plain text. User-defined tokens are always matched.
+ * Pipeline (as the reference tokenizer): special tokens (leftmost, longest first), then NFC
+ * (Qwen2/3), the pre-tokenizer regex, byte-level BPE. Bytes that are not part of well-formed
+ * UTF-8 split the text like special tokens and each becomes its own byte token, so
+ * dfl_detokenize(dfl_tokenize(x), special = true) == x for every NFC input, valid UTF-8 or not. */
+int64_t dfl_tokenize(const dfl_vocab *vocab, const char *text, size_t len, int32_t *tokens, int64_t n_max,
+                     bool add_special, bool parse_special);
+
+/* The bytes of one token into buf[0..cap). Returns the length n, -n if cap < n, DFL_VOCAB_FAIL for
+ * an invalid token id. special: write the text of control (and unused) tokens; otherwise they
+ * are empty. A token's bytes may be an incomplete UTF-8 sequence (use dfl_detok to stream). */
+int64_t dfl_token_to_piece(const dfl_vocab *vocab, int32_t token, char *buf, size_t cap, bool special);
+/* The concatenated bytes of tokens[0..n_tokens) (no NUL added). Same return convention. */
+int64_t dfl_detokenize(const dfl_vocab *vocab, const int32_t *tokens, int64_t n_tokens, char *buf, size_t cap,
+                       bool special);
+
+/* Streaming detokenizer: turns tokens one at a time into text that is always valid UTF-8.
+ * Bytes of an incomplete UTF-8 sequence are held back until it completes; bytes that cannot
+ * become valid UTF-8 are replaced by U+FFFD (one per maximal ill-formed subpart, as the WHATWG
+ * decoder does). Allocates at creation only. */
+typedef struct dfl_detok dfl_detok;
+dfl_detok *dfl_detok_new(const dfl_vocab *vocab, bool special, dfl_error *err);
+void dfl_detok_free(dfl_detok *detok);
+/* Feeds one token; text and len receive the text that is complete now (valid until the next call).
+ * DFL_ERR_INVALID (text empty) for a token id outside the vocabulary. */
+dfl_status dfl_detok_push(dfl_detok *detok, int32_t token, const char **text, size_t *len);
+/* Ends the stream: returns what is held back (as U+FFFD), and resets the state. */
+void dfl_detok_flush(dfl_detok *detok, const char **text, size_t *len);
+
+/* Chat template: ChatML as Qwen3's template renders it:
+ *   "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message (roles system, user, assistant, tool;
+ *   tool results are wrapped in <tool_response> inside a user turn; assistant turns after the
+ *   last user query keep their <think> block, earlier ones lose it), then with
+ *   add_generation_prompt "<|im_start|>assistant\n" and, when enable_thinking is false, the empty
+ *   think block "<think>\n\n</think>\n\n". Other roles render nothing (as in the template). */
+typedef struct dfl_chat_msg {
+    const char *role;
+    const char *content;
+    const char *reasoning_content; /* assistant only; NULL = take it from a <think> block in content */
+} dfl_chat_msg;
+
+/* Renders into buf[0..cap) with a terminating NUL. Returns the length n (without the NUL), or
+ * -(n + 1) if cap < n + 1, or DFL_VOCAB_FAIL with err set (NULL message fields; a vocabulary,
+ * if given, without <|im_start|> and <|im_end|>). */
+int64_t dfl_chat_render(const dfl_vocab *vocab, const dfl_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
+                        bool enable_thinking, char *buf, size_t cap, dfl_error *err);
 
 #ifdef __cplusplus
 }

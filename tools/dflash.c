@@ -16,6 +16,8 @@ static const cli_command k_commands[] = {
     {"make-test-model", cmd_make_test_model,
      "make-test-model -o DIR [...]   write a random tiny Qwen3 target + DFlash drafter pair"},
     {"tokenize", cmd_tokenize, "tokenize -m MODEL -p TEXT      print token ids (and pieces)"},
+    {"bench", cmd_bench, "bench [-m T] [-md D] [--llama]   speed: pp, tg, verify, speculative vs autoregressive"},
+    {"generate", cmd_generate, "generate [-m T] [-md D] -p TEXT generate text (speculative with a drafter)"},
 };
 
 static void usage(FILE *out) {

@@ -4,6 +4,7 @@
 #include "model/context.h"
 #include "base/error.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,6 +87,10 @@ static size_t scratch_layout(dfl_context *ctx, backend_buffer *buf) {
     PLACE(bidx, QUANT_TYPE_I64, n, 1);
     PLACE(mask, QUANT_TYPE_F32, ctx->kv.n_ctx * n, 1);
     PLACE(embd_in, QUANT_TYPE_F32, hp->n_embd, n);
+    if (hp->arch == DFL_ARCH_DFLASH) {
+        PLACE(feat_in, QUANT_TYPE_F32, hp->n_target_layers * hp->n_embd, n);
+        PLACE(erow, QUANT_TYPE_I32, n, 1);
+    }
 #undef PLACE
     if (buf) {
         s->q = tensor_reshape_3d(&s->q, hp->n_embd_head_k, hp->n_head, n);
@@ -110,6 +115,16 @@ static dfl_status context_alloc_host(dfl_context *ctx, dfl_error *err) {
     ctx->seq_len_tmp = calloc((size_t)ctx->kv.n_seq, sizeof(int64_t));
     ctx->logits = calloc((size_t)ctx->n_vocab * (size_t)ctx->n_out_max, sizeof(float));
     ctx->out_of = calloc((size_t)ctx->params.n_batch, sizeof(int64_t));
+    if (ctx->model->hp.arch == DFL_ARCH_DFLASH) {
+        ctx->h_erow = calloc((size_t)n, sizeof(int32_t));
+        ctx->h_feat = calloc((size_t)(ctx->model->hp.n_target_layers * ctx->n_embd * n), sizeof(float));
+        ctx->blk_tok = calloc((size_t)n, sizeof(int32_t));
+        ctx->blk_pos = calloc((size_t)n, sizeof(int32_t));
+        ctx->blk_seq = calloc((size_t)n, sizeof(int32_t));
+        ctx->blk_out = calloc((size_t)n, sizeof(bool));
+        ctx->model_dflash_logit_scale = ctx->model->dflash.logit_scale;
+        if (!ctx->h_erow || !ctx->h_feat || !ctx->blk_tok || !ctx->blk_pos || !ctx->blk_seq || !ctx->blk_out) return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
+    }
     if (!ctx->h_ids || !ctx->h_pos || !ctx->h_cells || !ctx->h_rows || !ctx->h_bidx || !ctx->h_perm || !ctx->h_mask ||
         !ctx->h_embd || !ctx->groups || !ctx->seq_len_tmp || !ctx->logits || !ctx->out_of) {
         return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
@@ -117,13 +132,111 @@ static dfl_status context_alloc_host(dfl_context *ctx, dfl_error *err) {
     return DFL_OK;
 }
 
-dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params, dfl_error *err) {
+/* The feature capture: ONE buffer [width, n_batch] in backend memory (the device path), or, when
+ * it is disabled, over the cap or cannot be allocated, a staging buffer [width, n_ubatch] whose
+ * rows are copied to host memory after each micro-batch (the host path). Host copies [width,
+ * n_batch] exist in both cases (the host path and dfl_get_features need them). */
+static dfl_status context_alloc_features(dfl_context *ctx, dfl_error *err) {
+    const dfl_context_params *p = &ctx->params;
+    const size_t width = (size_t)ctx->n_capture * (size_t)ctx->n_embd;
+    const size_t full = width * (size_t)p->n_batch * sizeof(float);
+    ctx->feat_note[0] = '\0';
+    if (p->no_feature_buffer) {
+        snprintf(ctx->feat_note, sizeof(ctx->feat_note), "the feature buffer is disabled by configuration");
+    } else if (p->feature_buffer_max > 0 && full > p->feature_buffer_max) {
+        snprintf(ctx->feat_note, sizeof(ctx->feat_note), "a feature buffer of %zu bytes is above the cap of %zu bytes",
+                 full, p->feature_buffer_max);
+    } else {
+        dfl_error e2 = {0};
+        ctx->feat_buf = backend_buffer_alloc(ctx->be, full, &e2);
+        if (ctx->feat_buf == NULL) {
+            snprintf(ctx->feat_note, sizeof(ctx->feat_note), "the feature buffer could not be allocated: %.100s", e2.msg);
+        }
+    }
+    ctx->feat_device = ctx->feat_buf != NULL;
+    if (ctx->feat_device) {
+        ctx->feat = tensor_in_buffer(ctx->feat_buf, 0, QUANT_TYPE_F32, (int64_t)width, p->n_batch);
+    } else {
+        ctx->feat_buf = backend_buffer_alloc(ctx->be, width * (size_t)ctx->n_ub * sizeof(float), err);
+        if (ctx->feat_buf == NULL) return err ? err->code : DFL_ERR_NOMEM;
+        ctx->feat = tensor_in_buffer(ctx->feat_buf, 0, QUANT_TYPE_F32, (int64_t)width, ctx->n_ub);
+    }
+    ctx->feat_host = calloc(width * (size_t)p->n_batch, sizeof(float));
+    if (ctx->feat_host == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory for the feature capture");
+    ctx->ev_written = backend_event_new(ctx->be, err);
+    ctx->ev_read = ctx->ev_written ? backend_event_new(ctx->be, err) : NULL;
+    if (ctx->ev_read == NULL) return err ? err->code : DFL_ERR_NOMEM;
+    return DFL_OK;
+}
+
+bool dfl_context_has_feature_buffer(const dfl_context *ctx) { return ctx != NULL && ctx->feat_device; }
+const char *dfl_context_feature_buffer_note(const dfl_context *ctx) {
+    if (ctx == NULL || ctx->n_capture == 0) return "no feature capture";
+    return ctx->feat_device ? "feature buffer in backend memory" : ctx->feat_note;
+}
+
+void context_sync_pending(dfl_context *ctx) {
+    if (ctx->pending) {
+        backend_queue_synchronize(ctx->queue);
+        ctx->pending = false;
+    }
+}
+
+#ifdef DFL_TEST_HOOKS
+void context_test_set_faults(dfl_context *ctx, uint32_t faults) { ctx->test_faults = faults; }
+#endif
+
+/* A drafter context needs a target context that fits it (SPEC section 3, issue: pairing). */
+static dfl_status drafter_check_target(const dfl_model *d, const dfl_context_params *p, dfl_error *err) {
+    const dfl_hparams *hp = &d->hp;
+    if (p->target == NULL) {
+        return error_set(err, DFL_ERR_INVALID, "%s: a drafter context needs its target context (params.target)", d->path);
+    }
+    const dfl_context *t = p->target;
+    const dfl_hparams *th = &t->model->hp;
+    if (th->arch == DFL_ARCH_DFLASH) return error_set(err, DFL_ERR_INVALID, "the target context is itself a drafter");
+    if (th->n_embd != hp->n_embd) {
+        return error_set(err, DFL_ERR_MISMATCH, "drafter n_embd %lld does not match the target's %lld",
+                         (long long)hp->n_embd, (long long)th->n_embd);
+    }
+    if (hp->has_token_embd && hp->n_vocab != th->n_vocab) {
+        return error_set(err, DFL_ERR_MISMATCH, "drafter vocabulary %lld does not match the target's %lld",
+                         (long long)hp->n_vocab, (long long)th->n_vocab);
+    }
+    if (hp->mask_token_id < 0 || hp->mask_token_id >= th->n_vocab) {
+        return error_set(err, DFL_ERR_MISSING, "drafter mask token id %lld is missing or outside the target's vocabulary "
+                         "(%lld tokens)", (long long)hp->mask_token_id, (long long)th->n_vocab);
+    }
+    for (int64_t j = 0; j < hp->n_target_layers; j++) {
+        if (hp->target_layers[j] < 1 || hp->target_layers[j] > th->n_layer) {
+            return error_set(err, DFL_ERR_MISMATCH, "drafter target_layers[%lld] = %d is outside 1..%lld (the target's layers)",
+                             (long long)j, hp->target_layers[j], (long long)th->n_layer);
+        }
+    }
+    if (t->n_capture != hp->n_target_layers) {
+        return error_set(err, DFL_ERR_INVALID, "the target context captures %d layer inputs; the drafter needs %lld",
+                         t->n_capture, (long long)hp->n_target_layers);
+    }
+    for (int64_t j = 0; j < hp->n_target_layers; j++) {
+        if (t->capture_layers[j] != hp->target_layers[j]) {
+            return error_set(err, DFL_ERR_INVALID, "the target context captures layer %d at slot %lld; the drafter needs %d",
+                             t->capture_layers[j], (long long)j, hp->target_layers[j]);
+        }
+    }
+    if (p->n_seq > t->kv.n_seq) {
+        return error_set(err, DFL_ERR_INVALID, "drafter n_seq %d exceeds the target's %lld", p->n_seq, (long long)t->kv.n_seq);
+    }
+    return DFL_OK;
+}
+
+static dfl_context *context_create(dfl_model *model, const dfl_context_params *params, backend *be, dfl_error *err) {
     if (model == NULL) {
         error_set(err, DFL_ERR_INVALID, "dfl_context_new: model is NULL");
         return NULL;
     }
     dfl_context_params p = params ? *params : dfl_context_default_params();
     const dfl_hparams *hp = &model->hp;
+    if (p.n_ctx <= 0 && p.target != NULL) p.n_ctx = p.target->kv.n_ctx + hp->block_size; /* room for the block */
     if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     if (p.n_seq <= 0) p.n_seq = 1;
     if (p.n_batch <= 0) p.n_batch = 512;
@@ -155,6 +268,15 @@ dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params,
         error_set(err, DFL_ERR_MISSING, "%s: the model has no token embedding / output head", model->path);
         return NULL;
     }
+    if (hp->arch == DFL_ARCH_DFLASH && drafter_check_target(model, &p, err) != DFL_OK) return NULL;
+    if (hp->arch == DFL_ARCH_DFLASH && (model->dflash.final_logit_softcapping != 0.0f || model->dflash.sliding_window > 0 ||
+                                        model->dflash.sample_from_anchor)) {
+        error_set(err, DFL_ERR_UNSUPPORTED, "%s: drafter features not supported yet: %s", model->path,
+                  model->dflash.final_logit_softcapping != 0.0f ? "final_logit_softcapping"
+                  : model->dflash.sliding_window > 0           ? "sliding-window attention"
+                                                               : "sample_from_anchor");
+        return NULL;
+    }
     dfl_context *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL) {
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
@@ -165,13 +287,25 @@ dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params,
     ctx->n_ub = p.n_ubatch;
     ctx->n_out_max = p.n_outputs > 0 ? p.n_outputs : (p.n_batch < 64 ? p.n_batch : 64);
     if (ctx->n_out_max > p.n_batch) ctx->n_out_max = p.n_batch;
-    ctx->n_vocab = hp->n_vocab;
+    ctx->n_vocab = p.target ? p.target->n_vocab : hp->n_vocab;
+    ctx->target = p.target;
+    if (p.target) {
+        /* a drafter decodes one block of B slots per sequence at once */
+        const int64_t n_block = (int64_t)p.n_seq * hp->block_size;
+        if (ctx->n_ub < n_block) ctx->n_ub = n_block;
+        if (ctx->params.n_batch < n_block) ctx->params.n_batch = n_block;
+        if (ctx->n_out_max < (int64_t)p.n_seq * (hp->block_size - 1)) ctx->n_out_max = (int64_t)p.n_seq * (hp->block_size - 1);
+        p.share_backend = p.target;
+    }
     ctx->n_embd = hp->n_embd;
     ctx->n_capture = p.n_capture;
     for (int32_t j = 0; j < p.n_capture; j++) ctx->capture_layers[j] = p.capture_layers[j];
     ctx->params.capture_layers = NULL;
+    ctx->features_to_host = true;
 
-    if (p.share_backend != NULL) {
+    if (be != NULL) {
+        ctx->be = be; /* borrowed */
+    } else if (p.share_backend != NULL) {
         ctx->be = p.share_backend->be;
     } else {
         backend_cpu_params bp = backend_cpu_default_params();
@@ -189,31 +323,40 @@ dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params,
         goto fail;
     }
     if (ctx_weights_bind(&ctx->w, model, err) != DFL_OK) goto fail;
+    if (p.target != NULL) {
+        /* the drafter uses the target's embedding and head unless it ships its own */
+        if (!ctx->w.has_token_embd) ctx->w.token_embd = p.target->w.token_embd;
+        if (!ctx->w.has_output) ctx->w.output = p.target->w.output;
+    }
     if (context_alloc_host(ctx, err) != DFL_OK) goto fail;
     ctx->s.buf = backend_buffer_alloc(ctx->be, scratch_layout(ctx, NULL), err);
     if (ctx->s.buf == NULL) goto fail;
     scratch_layout(ctx, ctx->s.buf);
-    if (ctx->n_capture > 0) {
-        const int64_t width = (int64_t)ctx->n_capture * ctx->n_embd;
-        ctx->feat_buf = backend_buffer_alloc(ctx->be, (size_t)width * (size_t)p.n_batch * sizeof(float), err);
-        if (ctx->feat_buf == NULL) goto fail;
-        ctx->feat = tensor_in_buffer(ctx->feat_buf, 0, QUANT_TYPE_F32, width, p.n_batch);
-        ctx->feat_host = calloc((size_t)width * (size_t)p.n_batch, sizeof(float));
-        if (ctx->feat_host == NULL) {
-            error_set(err, DFL_ERR_NOMEM, "out of memory for the feature capture");
-            goto fail;
-        }
-    }
+    if (ctx->n_capture > 0 && context_alloc_features(ctx, err) != DFL_OK) goto fail;
     return ctx;
 fail:
     dfl_context_free(ctx);
     return NULL;
 }
 
+dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params, dfl_error *err) {
+    return context_create(model, params, NULL, err);
+}
+
+dfl_context *context_new_on(dfl_model *model, const dfl_context_params *params, backend *be, dfl_error *err) {
+    if (be == NULL) {
+        error_set(err, DFL_ERR_INVALID, "context_new_on: no backend");
+        return NULL;
+    }
+    return context_create(model, params, be, err);
+}
+
 void dfl_context_free(dfl_context *ctx) {
     if (ctx == NULL) return;
     if (ctx->queue) backend_queue_synchronize(ctx->queue);
     if (ctx->feat_buf) backend_buffer_free(ctx->feat_buf);
+    if (ctx->ev_written) backend_event_free(ctx->ev_written);
+    if (ctx->ev_read) backend_event_free(ctx->ev_read);
     if (ctx->s.buf) backend_buffer_free(ctx->s.buf);
     kv_cache_free(&ctx->kv);
     ctx_weights_free(&ctx->w);
@@ -221,7 +364,8 @@ void dfl_context_free(dfl_context *ctx) {
     if (ctx->own_backend && ctx->be) backend_free(ctx->be);
     free(ctx->h_ids); free(ctx->h_pos); free(ctx->h_cells); free(ctx->h_rows); free(ctx->h_bidx);
     free(ctx->h_perm); free(ctx->h_mask); free(ctx->h_embd); free(ctx->groups); free(ctx->seq_len_tmp);
-    free(ctx->logits); free(ctx->out_of); free(ctx->feat_host);
+    free(ctx->logits); free(ctx->out_of); free(ctx->feat_host); free(ctx->h_erow); free(ctx->h_feat);
+    free(ctx->blk_tok); free(ctx->blk_pos); free(ctx->blk_seq); free(ctx->blk_out);
     free(ctx);
 }
 
@@ -257,7 +401,23 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
         return error_set(err, DFL_ERR_INVALID, "batch asks for %lld outputs; the context holds at most %lld "
                          "(dfl_context_params.n_outputs)", (long long)n_out_total, (long long)ctx->n_out_max);
     }
-    /* the feature buffer is overwritten by this batch: the target waits for the last read */
+    /*
+     * The feature buffer protocol (SPEC section 4), target side:
+     *   1. before this batch overwrites the buffer, the target's queue waits (device-side) for
+     *      the drafter's `read` event of the previous batch, once one was recorded;
+     *   2. the forward scatters each captured layer input into row r = batch index r;
+     *   3. after the batch the target records `written`; the drafter waits for it (on the host
+     *      by default) before it enqueues reads of the rows.
+     * The host returns without waiting when no output is asked for (no logits, no host copies):
+     * prompt chunks then overlap with the drafter's work on its own queue.
+     */
+    context_sync_pending(ctx); /* the host staging arrays are about to be rewritten */
+    if (ctx->n_capture > 0 && ctx->feat_device && ctx->read_recorded) {
+#ifdef DFL_TEST_HOOKS
+        if (!(ctx->test_faults & CTX_FAULT_SKIP_READ_WAIT))
+#endif
+            backend_queue_wait_event(ctx->queue, ctx->ev_read);
+    }
     int64_t n_out = 0;
     for (int64_t i = 0; i < batch->n_tokens; i++) {
         ctx->out_of[i] = batch->output[i] ? n_out++ : -1;
@@ -265,19 +425,34 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
     int64_t cursor = 0;
     batch_ubatch ub;
     n_out = 0;
+    const size_t width = (size_t)ctx->n_capture * (size_t)ctx->n_embd;
     while (batch_split(batch, ctx->n_ub, &cursor, &ub)) {
         st = forward_target_ubatch(ctx, &ub, n_out, err);
         if (st != DFL_OK) return st;
         for (int64_t e = 0; e < ub.n_tokens; e++) n_out += ub.output[e] ? 1 : 0;
+        if (ctx->n_capture > 0 && !ctx->feat_device) {
+            /* host path: this micro-batch's staged rows -> host memory */
+            op_read(ctx->queue, ctx->feat_host + (size_t)ub.i0 * width, tensor_rows(&ctx->feat, 0, ub.n_tokens),
+                    width * (size_t)ub.n_tokens * sizeof(float));
+            ctx->feature_host_bytes += width * (size_t)ub.n_tokens * sizeof(float);
+        }
+        if (cursor < batch->n_tokens) backend_queue_synchronize(ctx->queue); /* staging arrays reused */
     }
-    if (ctx->n_capture > 0) {
-        const size_t width = (size_t)ctx->n_capture * (size_t)ctx->n_embd;
+    if (ctx->n_capture > 0 && ctx->feat_device && ctx->features_to_host) {
+        ctx->feature_host_bytes += width * (size_t)batch->n_tokens * sizeof(float);
         op_read(ctx->queue, ctx->feat_host, tensor_rows(&ctx->feat, 0, batch->n_tokens),
                 width * (size_t)batch->n_tokens * sizeof(float));
     }
-    backend_queue_synchronize(ctx->queue);
+    if (ctx->n_capture > 0) backend_event_record(ctx->ev_written, ctx->queue);
     ctx->n_outputs = n_out;
     ctx->n_batch_last = batch->n_tokens;
+    const bool host_needs = n_out > 0 || (ctx->n_capture > 0 && (ctx->features_to_host || !ctx->feat_device));
+    if (host_needs) {
+        backend_queue_synchronize(ctx->queue);
+        ctx->pending = false;
+    } else {
+        ctx->pending = true;
+    }
     return DFL_OK;
 }
 
@@ -287,7 +462,7 @@ const float *dfl_get_logits(const dfl_context *ctx, int64_t i) {
 }
 
 const float *dfl_get_features(const dfl_context *ctx, int64_t i) {
-    if (ctx == NULL || ctx->n_capture == 0 || i < 0 || i >= ctx->n_batch_last) return NULL;
+    if (ctx == NULL || ctx->n_capture == 0 || (ctx->feat_device && !ctx->features_to_host) || i < 0 || i >= ctx->n_batch_last) return NULL;
     return ctx->feat_host + (size_t)i * (size_t)ctx->n_capture * (size_t)ctx->n_embd;
 }
 

@@ -10,6 +10,20 @@
 
 #define CONTEXT_MAX_CAPTURE 64
 
+#ifdef DFL_TEST_HOOKS
+/* Test-only faults (never in release builds): prove the ordering tests detect a missing wait. */
+#define CTX_FAULT_SKIP_READ_WAIT 1u    /* the target does not wait for `read` */
+#define CTX_FAULT_SKIP_WRITTEN_WAIT 2u /* the drafter does not wait for `written` */
+void context_test_set_faults(dfl_context *ctx, uint32_t faults);
+#endif
+
+/* A context on a given backend (borrowed: it must outlive the context), e.g. an asynchronous
+ * CPU backend in the ordering tests, or another device. */
+dfl_context *context_new_on(dfl_model *model, const dfl_context_params *params, backend *be, dfl_error *err);
+
+/* Waits for the context's queue if it has work in flight (before host staging is reused). */
+void context_sync_pending(dfl_context *ctx);
+
 /* Weights of the model as backend tensor views (zero-copy into the mmap on the CPU). */
 typedef struct ctx_layer_w {
     tensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down;
@@ -47,6 +61,8 @@ typedef struct ctx_scratch {
     tensor bidx;    /* [n_ub] i64 batch index of each work row (capture scatter) */
     tensor mask;    /* [n_ctx * n_ub] f32: the masks of all sequence groups, packed */
     tensor embd_in; /* [n_embd, n_ub] f32 input embeddings (work order) */
+    tensor feat_in; /* drafter: [n_tl*n_embd, n_ub] f32 raw target features (work order) */
+    tensor erow;    /* drafter: [n_ub] i32 rows of the target's feature buffer (work order) */
 } ctx_scratch;
 
 /* A run of work rows of one sequence inside a micro-batch. */
@@ -88,14 +104,48 @@ struct dfl_context {
     /* feature capture (target side) */
     int32_t n_capture;
     int32_t capture_layers[CONTEXT_MAX_CAPTURE];
-    backend_buffer *feat_buf; /* [n_capture*n_embd, n_batch] f32 */
+    backend_buffer *feat_buf; /* device path: [n_capture*n_embd, n_batch] f32; host path: [.., n_ub] staging */
     tensor feat;              /* view of feat_buf */
+    bool feat_device;         /* feat is the n_batch feature buffer (else per-micro-batch staging) */
+    char feat_note[160];      /* why there is no feature buffer */
+    /* ordering of the feature buffer between this target and its drafter (SPEC section 4) */
+    backend_event *ev_written;   /* recorded by the target after each batch */
+    backend_event *ev_read;      /* recorded by the drafter after it consumed the rows */
+    bool read_recorded;
+    bool pending;                /* ops enqueued since the last synchronize */
+    bool wait_on_device;         /* drafter: wait for `written` on its queue instead of the host */
+#ifdef DFL_TEST_HOOKS
+    uint32_t test_faults;        /* CTX_FAULT_* bits: skip a wait on purpose (ordering tests) */
+#endif
     float *feat_host;         /* [n_capture*n_embd, n_batch] host copy (host path) */
     int64_t n_batch_last;     /* entries of the last decoded batch */
+    bool features_to_host;    /* copy the captured features to feat_host after each batch */
+    uint64_t feature_host_bytes; /* bytes of features copied through host memory so far */
+    /* drafter side */
+    dfl_context *target;      /* the target this drafter drafts for (NULL for a target) */
+    int32_t *h_erow;          /* [n_ub] */
+    float *h_feat;            /* [n_tl*n_embd, n_ub] host features (host path) */
+    int32_t *blk_tok;         /* [n_ub] the draft block's entries: token, position, sequence, output */
+    int32_t *blk_pos;
+    int32_t *blk_seq;
+    bool *blk_out;
+    float model_dflash_logit_scale;
 };
 
 /* forward.c: one micro-batch through the target model (rows already validated). */
 dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64_t n_out_before, dfl_error *err);
+
+/* drafter.c: the DFlash drafter (SPEC section 3). */
+/* Injects target features: each entry carries the raw features of one committed target token
+ * (an embedding of n_tl*n_embd floats: host path; or an embd row of the target's feature buffer:
+ * device path) at its position; fuses them (fc + rmsnorm) and writes every layer's K/V there. */
+dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err);
+/* Drafts one block per sequence: [last, MASK x (B-1)] at positions seq_len .. seq_len+B-1,
+ * non-causal over the injected context; writes n_draft (<= B-1) argmax tokens per sequence to
+ * out [n, n_draft] and, if logits_out is not NULL, their logits [n, n_draft, n_vocab]. The block's
+ * K/V are dropped afterwards. */
+dfl_status drafter_draft(dfl_context *d, int32_t n, const int32_t *seqs, const int32_t *last, int32_t n_draft,
+                         int32_t *out, float *logits_out, dfl_error *err);
 
 /* Binds the model's weights as backend tensors. */
 dfl_status ctx_weights_bind(ctx_weights *w, const dfl_model *model, dfl_error *err);

@@ -38,7 +38,7 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
         ctx->h_ids[r] = ub->token[e] >= 0 ? ub->token[e] : 0;
         ctx->h_pos[r] = ub->pos[e * ub->n_pos_sections];
         ctx->h_cells[r] = kv_cell(&ctx->kv, ub->seq_id[e], ub->pos[e * ub->n_pos_sections]);
-        ctx->h_bidx[r] = ub->i0 + e;
+        ctx->h_bidx[r] = ctx->feat_device ? ub->i0 + e : e; /* feature row: batch index, or staging row */
     }
     /* output rows in batch order (so logits come out in batch order) */
     for (int64_t e = 0; e < n; e++) {

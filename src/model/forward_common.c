@@ -108,7 +108,8 @@ void fwd_write_kv(dfl_context *ctx, int64_t il, tensor h, int64_t n) {
         tensor kh = tensor_reshape_2d(&k, hp->n_embd_head_k, hp->n_head_kv * n);
         op_rmsnorm(q, kh, kh, &L->k_norm, hp->norm_eps);
     }
-    op_rope_neox(q, k3, k3, vec_head(&s->pos, n), hp->rope_freq_base, 0);
+    if (hp->arch == DFL_ARCH_LLAMA) op_rope_norm(q, k3, k3, vec_head(&s->pos, n), hp->rope_freq_base, 0);
+    else op_rope_neox(q, k3, k3, vec_head(&s->pos, n), hp->rope_freq_base, 0);
     tensor cells = vec_head(&s->cells, n);
     op_set_rows(q, ctx->kv.k[il], k, cells);
     op_set_rows(q, ctx->kv.v[il], v, cells);
@@ -132,7 +133,8 @@ void fwd_attention_block(dfl_context *ctx, int64_t il, tensor x, int64_t n, int6
         op_rmsnorm(q, qh, qh, &L->q_norm, hp->norm_eps);
     }
     tensor q3 = tensor_reshape_3d(&qm, hd_k, hp->n_head, n);
-    op_rope_neox(q, q3, q3, vec_head(&s->pos, n), hp->rope_freq_base, 0);
+    if (hp->arch == DFL_ARCH_LLAMA) op_rope_norm(q, q3, q3, vec_head(&s->pos, n), hp->rope_freq_base, 0);
+    else op_rope_neox(q, q3, q3, vec_head(&s->pos, n), hp->rope_freq_base, 0);
     /* k, v -> cache */
     fwd_write_kv(ctx, il, h, n);
     /* attention per sequence group over its cells [0, n_kv) */

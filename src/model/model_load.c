@@ -165,6 +165,8 @@ dfl_model_params dfl_model_default_params(void) {
 const dfl_hparams *dfl_model_hparams(const dfl_model *model) { return &model->hp; }
 
 const gguf_file *model_gguf(const dfl_model *model) { return model->gguf; }
+uint64_t dfl_model_n_bytes(const dfl_model *model) { return model->n_bytes; }
+uint64_t dfl_model_n_params(const dfl_model *model) { return model->n_params; }
 
 /* hparams common to all three architectures. */
 static dfl_status load_hparams(const gguf_file *f, const char *arch, dfl_hparams *hp, dfl_error *err) {

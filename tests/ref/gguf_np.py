@@ -21,13 +21,7 @@ import struct
 
 import numpy as np
 
-try:  # block formats come from the quantization helper's module
-    from quant_np import dequantize as _quant_dequantize
-except ImportError:  # pragma: no cover - depends on checkout
-    try:
-        from .quant_np import dequantize as _quant_dequantize
-    except ImportError:
-        _quant_dequantize = None
+from quant_np import dequantize as quant_dequantize
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -86,18 +80,6 @@ class TensorInfo:
             self.name, self.ne, GGML_TYPES.get(self.ggml_type, ("?",))[0], self.offset)
 
 
-def _dequantize_fallback(ggml_type, raw, n):
-    # FALLBACK (F32/F16/BF16 only) used when quant_np.py is not importable.
-    if ggml_type == 0:
-        return np.frombuffer(raw, dtype="<f4", count=n).astype(np.float32)
-    if ggml_type == 1:
-        return np.frombuffer(raw, dtype="<f2", count=n).astype(np.float32)
-    if ggml_type == 30:
-        bits = np.frombuffer(raw, dtype="<u2", count=n).astype(np.uint32) << 16
-        return bits.view(np.float32).copy()
-    raise GGUFError("ggml type %d needs quant_np.py, which is not available" % ggml_type)
-
-
 def dequantize(ggml_type, raw, n):
     """Bytes of n elements of ggml_type -> float32 array (n,)."""
     if ggml_type == 28:  # F64 (not a quant_np type)
@@ -105,9 +87,10 @@ def dequantize(ggml_type, raw, n):
     if ggml_type in (24, 25, 26, 27):
         dt = {24: "<i1", 25: "<i2", 26: "<i4", 27: "<i8"}[ggml_type]
         return np.frombuffer(raw, dtype=dt, count=n).astype(np.float32)
-    if _quant_dequantize is not None:
-        return np.asarray(_quant_dequantize(ggml_type, bytes(raw), n), dtype=np.float32)
-    return _dequantize_fallback(ggml_type, raw, n)
+    if ggml_type not in (0, 1, 2, 8, 12, 14, 30):
+        raise GGUFError("ggml type %s (%d) is not supported by the reference (quant_np)"
+                        % (GGML_TYPES.get(ggml_type, ("?",))[0], ggml_type))
+    return np.asarray(quant_dequantize(ggml_type, raw, n), dtype=np.float32)
 
 
 class GGUF:

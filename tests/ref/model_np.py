@@ -237,7 +237,9 @@ def _load_w(g, name, shape, dtype, required=True):
     if tuple(w.shape) != tuple(shape):
         raise ModelError("%s: tensor '%s' has numpy shape %s (ne %s), expected %s"
                          % (g.path, name, w.shape, g.tensors[name].ne, tuple(shape)))
-    return w.astype(dtype)
+    w = w.astype(dtype)
+    # matrices are used as x @ W.T: keep W in Fortran order so W.T is C-contiguous for BLAS
+    return np.asfortranarray(w) if w.ndim == 2 else w
 
 
 def _load_block(g, hp, i, dtype, qk_norm):

@@ -7,8 +7,10 @@ it writes; they always run on files from the small GGUF writer below (tests only
 tensors, every KV type) so the reference is testable on its own.
 """
 
+import atexit
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -22,10 +24,19 @@ sys.path.insert(0, HERE)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 import gguf_np  # noqa: E402
+import quant_np  # noqa: E402
 import model_np as M  # noqa: E402
 from gguf_np import GGUF, GGUFError  # noqa: E402
 
 PY = "/usr/bin/python3"
+_TMP = tempfile.mkdtemp(prefix="dflash_ref_")
+atexit.register(shutil.rmtree, _TMP, True)
+
+
+def tmpdir():
+    """A fresh directory under this run's temp root (removed at exit)."""
+    return tempfile.mkdtemp(dir=_TMP)
+
 CLI = os.path.join(HERE, "ref_cli.py")
 
 # ---------------------------------------------------------------------------------------------
@@ -52,21 +63,15 @@ def _w_val(t, v):
 
 
 def write_gguf(path, kvs, tensors, alignment=32):
-    """kvs: [(key, type, value)]; tensors: [(name, numpy array (numpy order), ggml type 0|1|30)]."""
+    """kvs: [(key, type, value)]; tensors: [(name, numpy array (numpy order), ggml type)], the
+    data encoded by quant_np.quantize (F32, F16, BF16, Q8_0, Q4_0)."""
     out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)))
     for k, t, v in kvs:
         out += _w_str(k) + struct.pack("<I", t) + _w_val(t, v)
     blobs, off = [], 0
     for name, arr, gt in tensors:
         a = np.ascontiguousarray(arr, dtype=np.float32)
-        if gt == 0:
-            raw = a.astype("<f4").tobytes()
-        elif gt == 1:
-            raw = a.astype("<f2").tobytes()
-        elif gt == 30:
-            raw = (a.view(np.uint32) >> 16).astype("<u2").tobytes()  # truncation
-        else:
-            raise ValueError(gt)
+        raw = quant_np.quantize(gt, a.reshape(-1))
         ne = list(reversed(a.shape))
         out += _w_str(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
         out += struct.pack("<IQ", gt, off)
@@ -130,7 +135,7 @@ def make_target(path, seed=0, arch="qwen3", n_vocab=96, n_embd=64, n_layer=3, n_
     for i in range(n_layer):
         ts += _block_tensors(rng, "blk.%d." % i, n_embd, n_head, n_head_kv, hd, n_ff, arch == "qwen3")
     write_gguf(path, _hp_kvs(arch, n_layer, n_embd, n_head, n_head_kv, hd, n_ff, base=1e4 if arch == "llama" else 1e6),
-               [(n, a, gtype) for n, a in ts])
+               [(n, a, gtype if a.ndim == 2 else 0) for n, a in ts])
 
 
 def make_drafter(path, target_n_embd, target_layers, seed=1, n_layer=2, n_head=4, n_head_kv=2, hd=16,
@@ -256,13 +261,15 @@ class Files:
     @classmethod
     def get(cls):
         if cls.dir is None:
-            cls.dir = tempfile.mkdtemp(prefix="dflash_ref_")
+            cls.dir = tmpdir()
             d = cls.dir
             make_target(os.path.join(d, "target.gguf"))
             make_target(os.path.join(d, "target_tied.gguf"), seed=3, tied=True, n_head_kv=4)
             make_target(os.path.join(d, "target_llama.gguf"), seed=4, arch="llama", gtype=1)
             make_target(os.path.join(d, "target_small.gguf"), seed=5, n_vocab=24, n_embd=32, n_layer=2,
                         n_head=2, n_head_kv=1, hd=16, n_ff=48)
+            make_target(os.path.join(d, "target_q8_0.gguf"), seed=6, gtype=8)
+            make_target(os.path.join(d, "target_q4_0.gguf"), seed=7, gtype=2, tied=True)
             make_drafter(os.path.join(d, "drafter.gguf"), 64, [1, 3, 0])
             make_drafter(os.path.join(d, "drafter_small.gguf"), 32, [2, 1], n_head=2, n_head_kv=1,
                          hd=16, block_size=5, mask_id=3)
@@ -275,7 +282,7 @@ class Files:
 
 class TestGGUF(unittest.TestCase):
     def test_all_kv_types_and_tensors(self):
-        p = os.path.join(tempfile.mkdtemp(), "kv.gguf")
+        p = os.path.join(tmpdir(), "kv.gguf")
         kvs = [("u8", 0, 250), ("i8", 1, -5), ("u16", 2, 65000), ("i16", 3, -30000), ("u32", 4, 4000000000),
                ("i32", 5, -2000000000), ("f32", 6, 1.5), ("bool", 7, 1), ("str", 8, "héllo"),
                ("u64", 10, 2 ** 63 + 5), ("i64", 11, -2 ** 62), ("f64", 12, 0.1),
@@ -318,7 +325,7 @@ class TestGGUF(unittest.TestCase):
             self.assertEqual(g.tensors[n].data_offset % 64, 0)
 
     def test_bad_files(self):
-        d = tempfile.mkdtemp()
+        d = tmpdir()
         good = os.path.join(d, "good.gguf")
         write_gguf(good, [("k", 8, "v")], [("t", np.ones((2, 32), np.float32), 0)])
         data = open(good, "rb").read()
@@ -344,6 +351,23 @@ class TestGGUF(unittest.TestCase):
         open(p, "wb").write(bytes(bad))
         with self.assertRaisesRegex(GGUFError, "not aligned"):
             GGUF(p)
+
+    def test_quantized_tensors(self):
+        # the reader hands back exactly quant_np's dequantization of the quantized weights
+        rng = np.random.default_rng(6)
+        emb = rng.standard_normal((96, 64)).astype(np.float32)  # make_target's first draw
+        for name, gt in (("target_q8_0.gguf", 8), ("target.gguf", 0)):
+            g = GGUF(Files.path(name))
+            self.assertEqual(g.tensors["token_embd.weight"].ggml_type, gt)
+            self.assertEqual(g.tensors["output_norm.weight"].ggml_type, 0)
+            if gt == 8:
+                want = quant_np.dequantize(8, quant_np.quantize(8, emb.reshape(-1)), emb.size).reshape(96, 64)
+                np.testing.assert_array_equal(g.tensor("token_embd.weight"), want)
+                self.assertLess(np.abs(want - emb).max(), np.abs(emb).max() / 100)
+                self.assertEqual(g.tensors["token_embd.weight"].nbytes, 96 * 64 // 32 * 34)
+        g = GGUF(Files.path("target_q4_0.gguf"))
+        self.assertEqual(g.tensors["blk.0.ffn_down.weight"].nbytes, 64 * 96 // 32 * 18)
+        self.assertEqual(g.tensor("blk.0.ffn_down.weight").shape, (64, 96))
 
     def test_model_file_shapes(self):
         g = GGUF(Files.path("target.gguf"))
@@ -394,7 +418,7 @@ class TestOps(unittest.TestCase):
 
 class TestTarget(unittest.TestCase):
     def test_forward_vs_naive(self):
-        for name in ("target.gguf", "target_tied.gguf", "target_llama.gguf"):
+        for name in ("target.gguf", "target_tied.gguf", "target_llama.gguf", "target_q8_0.gguf", "target_q4_0.gguf"):
             t = M.Target(Files.path(name))
             toks = [3, 17, 0, 95 if t.n_vocab > 95 else 1, 42, 8]
             got = t.forward(toks, logits="all").logits
@@ -542,7 +566,7 @@ class TestDrafter(unittest.TestCase):
         np.testing.assert_allclose(c.v[0][:3].reshape(3, -1), fused @ L.wv.T, rtol=1e-12)
 
     def test_bad_drafter_files(self):
-        d = tempfile.mkdtemp()
+        d = tmpdir()
         p = os.path.join(d, "bad.gguf")
         make_drafter(p, 64, [1, 9])  # layer 9 > n_layer 3
         with self.assertRaisesRegex(M.ModelError, "out of range"):
@@ -672,7 +696,7 @@ class TestDflashTestModel(unittest.TestCase):
         exe = os.path.join(ROOT, "build", "dflash")
         if not os.path.exists(exe):
             self.skipTest("build/dflash not built")
-        d = tempfile.mkdtemp()
+        d = tmpdir()
         p = subprocess.run([exe, "make-test-model", "-o", d, "--n-embd", "64", "--n-layer", "2", "--type", "f32"],
                            capture_output=True, text=True)
         if p.returncode != 0 or not os.path.exists(os.path.join(d, "target.gguf")):

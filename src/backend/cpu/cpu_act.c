@@ -1,0 +1,229 @@
+/* cpu_act.c: matmul activation preparation, scalar reference versions. Each weight type has a
+ * dot type; the activation rows are converted to it once per matmul, exactly as llama.cpp's x86
+ * build does, so that the integer dot products see the same values:
+ * - Q8_0 (for Q8_0 / Q4_0 weights): per 32 values amax, d = amax / 127 stored as f16,
+ *   q = round_half_even(x * (127 / amax)) (ggml's AVX quantize_row_q8_0).
+ * - Q8_K (for Q4_K / Q6_K weights): per 256 values max = the value of largest magnitude (first),
+ *   iscale = -127 / max, q = min(127, nearest_int(iscale * x)), d = 1 / iscale (f32), and the sums
+ *   of each 16 q (ggml's quantize_row_q8_K_ref, which x86 uses).
+ * - f16 / bf16 (for F16 / BF16 weights): x rounded to the type (nearest even), kept as f32. */
+#include "backend/cpu/cpu_internal.h"
+#include "base/error.h"
+#include "base/fp16.h"
+
+#include <math.h>
+#include <string.h>
+
+cpu_dot_type cpu_dot_type_of(uint32_t wtype) {
+    switch (wtype) {
+    case QUANT_TYPE_Q8_0:
+    case QUANT_TYPE_Q4_0: return CPU_DOT_Q8_0;
+    case QUANT_TYPE_Q4_K:
+    case QUANT_TYPE_Q6_K: return CPU_DOT_Q8_K;
+    default: return CPU_DOT_F32;
+    }
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+size_t cpu_act_bytes(cpu_dot_type dot, int64_t n_in, int64_t n_rows) {
+    const size_t n = (size_t)n_in * (size_t)n_rows;
+    switch (dot) {
+    case CPU_DOT_F32: return align64(n * sizeof(float));
+    case CPU_DOT_Q8_0: {
+        const size_t np = (size_t)cpu_q8_0_row_pad(n_in) * (size_t)n_rows;
+        return align64(np) + 2 * align64(np / QK8_0 * sizeof(float));
+    }
+    case CPU_DOT_Q8_K:
+        return align64(n) + align64(n / QK_K * sizeof(float)) + align64(n / 16 * sizeof(int16_t));
+    }
+    return 0;
+}
+
+void cpu_act_layout(cpu_act *act, cpu_dot_type dot, int64_t n_in, int64_t n_rows, void *mem) {
+    memset(act, 0, sizeof(*act));
+    act->dot = dot;
+    act->n_in = n_in;
+    act->n_rows = n_rows;
+    act->row_len = n_in;
+    const size_t n = (size_t)n_in * (size_t)n_rows;
+    char *p = mem;
+    switch (dot) {
+    case CPU_DOT_F32:
+        act->f = (float *)p;
+        break;
+    case CPU_DOT_Q8_0: {
+        act->row_len = cpu_q8_0_row_pad(n_in);
+        const size_t np = (size_t)act->row_len * (size_t)n_rows;
+        act->qs = (int8_t *)p;
+        act->d = (float *)(p + align64(np));
+        act->ns = (int32_t *)(p + align64(np) + align64(np / QK8_0 * sizeof(float)));
+        break;
+    }
+    case CPU_DOT_Q8_K:
+        act->qs = (int8_t *)p;
+        act->d = (float *)(p + align64(n));
+        act->bsums = (int16_t *)(p + align64(n) + align64(n / QK_K * sizeof(float)));
+        break;
+    }
+}
+
+void cpu_act_row_f16_ref(cpu_act *act, int64_t r, const float *x) {
+    float *f = act->f + r * act->n_in;
+    for (int64_t i = 0; i < act->n_in; i++) f[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+}
+
+void cpu_act_row_bf16_ref(cpu_act *act, int64_t r, const float *x) {
+    float *f = act->f + r * act->n_in;
+    for (int64_t i = 0; i < act->n_in; i++) f[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
+}
+
+void cpu_act_row_q8_0_ref(cpu_act *act, int64_t r, const float *x) {
+    const int64_t nb = act->n_in / QK8_0, nb_pad = act->row_len / QK8_0;
+    int8_t *qs = act->qs + r * act->row_len;
+    float *d = act->d + r * nb_pad;
+    int32_t *ns = act->ns + r * nb_pad;
+    for (int64_t b = 0; b < nb_pad; b++) {
+        if (b >= nb) { /* padding block */
+            for (int j = 0; j < QK8_0; j++) qs[cpu_q8_0_offset(b * QK8_0 + j)] = 0;
+            d[b] = 0.0f;
+            ns[b] = 0;
+            continue;
+        }
+        const float *xb = x + b * QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float db = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        d[b] = fp16_to_fp32(fp32_to_fp16(db));
+        int32_t sum = 0;
+        for (int j = 0; j < QK8_0; j++) {
+            const int8_t q = (int8_t)rintf(xb[j] * id);
+            qs[cpu_q8_0_offset(b * QK8_0 + j)] = q;
+            sum += q;
+        }
+        ns[b] = -sum;
+    }
+}
+
+/* ggml's nearest_int: round half to even through the f32 mantissa (|v| < 2^22). */
+static inline int nearest_int(float v) {
+    float t = v + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &t, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+void cpu_act_row_q8_K_ref(cpu_act *act, int64_t r, const float *x) {
+    const int64_t nb = act->n_in / QK_K;
+    int8_t *qs = act->qs + r * act->n_in;
+    float *d = act->d + r * nb;
+    int16_t *bsums = act->bsums + r * (act->n_in / 16);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * QK_K;
+        int8_t *qb = qs + b * QK_K;
+        float max = 0.0f, amax = 0.0f;
+        for (int j = 0; j < QK_K; j++) {
+            const float ax = fabsf(xb[j]);
+            if (ax > amax) {
+                amax = ax;
+                max = xb[j];
+            }
+        }
+        if (amax == 0.0f) {
+            d[b] = 0.0f;
+            memset(qb, 0, QK_K);
+            for (int j = 0; j < QK_K / 16; j++) bsums[b * (QK_K / 16) + j] = 0;
+            continue;
+        }
+        const float iscale = -127.0f / max;
+        for (int j = 0; j < QK_K; j++) {
+            const int v = nearest_int(iscale * xb[j]);
+            qb[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int j = 0; j < QK_K / 16; j++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) sum += qb[j * 16 + l];
+            bsums[b * (QK_K / 16) + j] = (int16_t)sum;
+        }
+        d[b] = 1.0f / iscale;
+    }
+}
+
+static void act_row_f32_copy(cpu_act *act, int64_t r, const float *x) {
+    memcpy(act->f + r * act->n_in, x, (size_t)act->n_in * sizeof(float));
+}
+
+/* ---- the scalar kernel set ---------------------------------------------------------------- */
+
+static void matmul_q_ref_f32(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                             float *dst, int64_t dst_stride, int64_t o0, int64_t o1) {
+    cpu_matmul_q_ref(QUANT_TYPE_F32, w, w_nb1, act, r0, nr, dst, dst_stride, o0, o1);
+}
+static void matmul_q_ref_f16(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                             float *dst, int64_t dst_stride, int64_t o0, int64_t o1) {
+    cpu_matmul_q_ref(QUANT_TYPE_F16, w, w_nb1, act, r0, nr, dst, dst_stride, o0, o1);
+}
+static void matmul_q_ref_bf16(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                              float *dst, int64_t dst_stride, int64_t o0, int64_t o1) {
+    cpu_matmul_q_ref(QUANT_TYPE_BF16, w, w_nb1, act, r0, nr, dst, dst_stride, o0, o1);
+}
+static void matmul_q_ref_q8_0(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                              float *dst, int64_t dst_stride, int64_t o0, int64_t o1) {
+    cpu_matmul_q_ref(QUANT_TYPE_Q8_0, w, w_nb1, act, r0, nr, dst, dst_stride, o0, o1);
+}
+static void matmul_q_ref_q4_0(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                              float *dst, int64_t dst_stride, int64_t o0, int64_t o1) {
+    cpu_matmul_q_ref(QUANT_TYPE_Q4_0, w, w_nb1, act, r0, nr, dst, dst_stride, o0, o1);
+}
+static void matmul_q_ref_q4_K(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                              float *dst, int64_t dst_stride, int64_t o0, int64_t o1) {
+    cpu_matmul_q_ref(QUANT_TYPE_Q4_K, w, w_nb1, act, r0, nr, dst, dst_stride, o0, o1);
+}
+static void matmul_q_ref_q6_K(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                              float *dst, int64_t dst_stride, int64_t o0, int64_t o1) {
+    cpu_matmul_q_ref(QUANT_TYPE_Q6_K, w, w_nb1, act, r0, nr, dst, dst_stride, o0, o1);
+}
+
+static float dot_f16_ref(const float *x, const uint16_t *y, int64_t n) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += x[i] * fp16_to_fp32(y[i]);
+    return sum;
+}
+
+static void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * fp16_to_fp32(x[i]);
+}
+
+void cpu_kernels_init_ref(cpu_kernels *k) {
+    memset(k, 0, sizeof(*k));
+    k->name = "scalar";
+    k->matmul[QUANT_TYPE_F32] = matmul_q_ref_f32;
+    k->matmul[QUANT_TYPE_F16] = matmul_q_ref_f16;
+    k->matmul[QUANT_TYPE_BF16] = matmul_q_ref_bf16;
+    k->matmul[QUANT_TYPE_Q8_0] = matmul_q_ref_q8_0;
+    k->matmul[QUANT_TYPE_Q4_0] = matmul_q_ref_q4_0;
+    k->matmul[QUANT_TYPE_Q4_K] = matmul_q_ref_q4_K;
+    k->matmul[QUANT_TYPE_Q6_K] = matmul_q_ref_q6_K;
+    k->act_row[QUANT_TYPE_F32] = act_row_f32_copy;
+    k->act_row[QUANT_TYPE_F16] = cpu_act_row_f16_ref;
+    k->act_row[QUANT_TYPE_BF16] = cpu_act_row_bf16_ref;
+    k->act_row[QUANT_TYPE_Q8_0] = cpu_act_row_q8_0_ref;
+    k->act_row[QUANT_TYPE_Q4_0] = cpu_act_row_q8_0_ref;
+    k->act_row[QUANT_TYPE_Q4_K] = cpu_act_row_q8_K_ref;
+    k->act_row[QUANT_TYPE_Q6_K] = cpu_act_row_q8_K_ref;
+    k->dot_f16 = dot_f16_ref;
+    k->axpy_f16 = axpy_f16_ref;
+}
+
+void cpu_kernels_select(cpu_kernels *k, uint32_t features) {
+    cpu_kernels_init_ref(k);
+#if defined(__x86_64__)
+    if (features & BACKEND_CPU_FEATURE_AVX2) cpu_kernels_init_avx2(k);
+    if ((features & BACKEND_CPU_FEATURE_AVX512) && (features & BACKEND_CPU_FEATURE_AVX512_VNNI)) {
+        cpu_kernels_init_avx512(k);
+    }
+#else
+    (void)features;
+#endif
+}

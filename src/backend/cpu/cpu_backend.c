@@ -1,0 +1,436 @@
+/* cpu_backend.c: the CPU backend object: creation (feature detection, kernel selection, thread
+ * pool), host-memory buffers, queues and events.
+ *
+ * Queues run in one of two modes, chosen by backend_cpu_params.async:
+ * - synchronous: backend_queue_submit executes the op before returning; events complete when
+ *   recorded; device-side waits are no-ops.
+ * - asynchronous: each queue owns a worker thread and a ring of records (op | event record |
+ *   event wait) executed in order, like a GPU stream. An event counts records (`recorded`, on the
+ *   host) and completions (`completed`, by the worker); host waits block on its condvar. */
+#include "backend/cpu/cpu_internal.h"
+#include "base/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CPU_QUEUE_CAP 512 /* records in an async queue's ring */
+
+/* ---- events ------------------------------------------------------------------------------ */
+
+typedef struct cpu_event {
+    backend_event base;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t recorded;  /* number of record calls so far (host side) */
+    uint64_t completed; /* the highest record number whose preceding work is done */
+} cpu_event;
+
+static void cpu_event_complete(cpu_event *ev, uint64_t seq) {
+    pthread_mutex_lock(&ev->mu);
+    if (ev->completed < seq) ev->completed = seq;
+    pthread_cond_broadcast(&ev->cv);
+    pthread_mutex_unlock(&ev->mu);
+}
+
+static void cpu_event_wait_seq(cpu_event *ev, uint64_t seq) {
+    pthread_mutex_lock(&ev->mu);
+    while (ev->completed < seq) pthread_cond_wait(&ev->cv, &ev->mu);
+    pthread_mutex_unlock(&ev->mu);
+}
+
+static backend_event *cpu_event_new(backend *be, dfl_error *err) {
+    cpu_event *ev = calloc(1, sizeof(*ev));
+    if (ev == NULL) {
+        error_set(err, DFL_ERR_NOMEM, "cpu backend: out of memory for an event");
+        return NULL;
+    }
+    ev->base.be = be;
+    pthread_mutex_init(&ev->mu, NULL);
+    pthread_cond_init(&ev->cv, NULL);
+    return &ev->base;
+}
+
+static void cpu_event_free(backend_event *bev) {
+    cpu_event *ev = (cpu_event *)bev;
+    pthread_cond_destroy(&ev->cv);
+    pthread_mutex_destroy(&ev->mu);
+    free(ev);
+}
+
+static void cpu_event_synchronize(backend_event *bev) {
+    cpu_event *ev = (cpu_event *)bev;
+    pthread_mutex_lock(&ev->mu);
+    uint64_t seq = ev->recorded;
+    while (ev->completed < seq) pthread_cond_wait(&ev->cv, &ev->mu);
+    pthread_mutex_unlock(&ev->mu);
+}
+
+/* ---- queues ------------------------------------------------------------------------------ */
+
+
+typedef enum cpu_rec_kind { CPU_REC_OP, CPU_REC_RECORD, CPU_REC_WAIT } cpu_rec_kind;
+
+typedef struct cpu_rec {
+    cpu_rec_kind kind;
+    backend_op op;     /* CPU_REC_OP */
+    cpu_event *ev;     /* CPU_REC_RECORD / CPU_REC_WAIT */
+    uint64_t seq;      /* the event's record number to complete / wait for */
+} cpu_rec;
+
+typedef struct cpu_queue {
+    backend_queue base;
+    bool async;
+    pthread_t worker;
+    bool worker_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work;  /* records available or stop */
+    pthread_cond_t cv_space; /* a slot freed */
+    pthread_cond_t cv_done;  /* a record completed */
+    cpu_rec *ring;           /* [CPU_QUEUE_CAP] */
+    uint64_t n_submitted;    /* records pushed (guarded by mu) */
+    uint64_t n_taken;        /* records taken by the worker */
+    uint64_t n_done;         /* records completed */
+    bool stop;
+#ifdef DFL_TEST_HOOKS
+    uint64_t delay_rng;      /* the worker's own generator for test delays */
+    uint32_t delay_max_us;   /* random delay bound before each record (0: none) */
+#endif
+} cpu_queue;
+
+static void cpu_rec_run(cpu_queue *q, const cpu_rec *rec) {
+    switch (rec->kind) {
+    case CPU_REC_OP: cpu_exec_op((cpu_backend *)q->base.be, &rec->op); break;
+    case CPU_REC_RECORD: cpu_event_complete(rec->ev, rec->seq); break;
+    case CPU_REC_WAIT: cpu_event_wait_seq(rec->ev, rec->seq); break;
+    }
+}
+
+static void *cpu_queue_worker(void *arg) {
+    cpu_queue *q = arg;
+    cpu_rec rec;
+    for (;;) {
+        pthread_mutex_lock(&q->mu);
+        while (q->n_taken == q->n_submitted && !q->stop) pthread_cond_wait(&q->cv_work, &q->mu);
+        if (q->n_taken == q->n_submitted && q->stop) {
+            pthread_mutex_unlock(&q->mu);
+            break;
+        }
+        rec = q->ring[q->n_taken % CPU_QUEUE_CAP];
+        q->n_taken++;
+        pthread_mutex_unlock(&q->mu);
+#ifdef DFL_TEST_HOOKS
+        pthread_mutex_lock(&q->mu);
+        const uint32_t max_us = q->delay_max_us;
+        pthread_mutex_unlock(&q->mu);
+        if (max_us > 0) { /* test hook: random delays expose missing ordering */
+            q->delay_rng = q->delay_rng * 6364136223846793005ull + 1442695040888963407ull;
+            const uint32_t r = (uint32_t)(q->delay_rng >> 33);
+            const uint32_t us = (r & 15u) == 0 ? max_us * 10u : (r >> 4) % (max_us + 1); /* rare long stalls */
+            if (us > 0) {
+                struct timespec ts = {0, (long)us * 1000L};
+                nanosleep(&ts, NULL);
+            }
+        }
+#endif
+
+        cpu_rec_run(q, &rec);
+
+        pthread_mutex_lock(&q->mu);
+        q->n_done++;
+        pthread_cond_broadcast(&q->cv_done);
+        pthread_cond_signal(&q->cv_space);
+        pthread_mutex_unlock(&q->mu);
+    }
+    return NULL;
+}
+
+static void cpu_queue_push(cpu_queue *q, const cpu_rec *rec) {
+    if (!q->async) {
+        cpu_rec_run(q, rec);
+        return;
+    }
+    pthread_mutex_lock(&q->mu);
+    /* a slot is free once the record that used it completed (the worker copies before running,
+     * but waiting for completion keeps at most CPU_QUEUE_CAP records in flight) */
+    while (q->n_submitted - q->n_done >= CPU_QUEUE_CAP) pthread_cond_wait(&q->cv_space, &q->mu);
+    q->ring[q->n_submitted % CPU_QUEUE_CAP] = *rec;
+    q->n_submitted++;
+    pthread_cond_signal(&q->cv_work);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void cpu_queue_synchronize(backend_queue *bq) {
+    cpu_queue *q = (cpu_queue *)bq;
+    if (!q->async) return;
+    pthread_mutex_lock(&q->mu);
+    uint64_t target = q->n_submitted;
+    while (q->n_done < target) pthread_cond_wait(&q->cv_done, &q->mu);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void cpu_queue_free(backend_queue *bq) {
+    cpu_queue *q = (cpu_queue *)bq;
+    if (q->worker_started) {
+        cpu_queue_synchronize(bq);
+        pthread_mutex_lock(&q->mu);
+        q->stop = true;
+        pthread_cond_signal(&q->cv_work);
+        pthread_mutex_unlock(&q->mu);
+        pthread_join(q->worker, NULL);
+    }
+    pthread_cond_destroy(&q->cv_done);
+    pthread_cond_destroy(&q->cv_space);
+    pthread_cond_destroy(&q->cv_work);
+    pthread_mutex_destroy(&q->mu);
+    free(q->ring);
+    free(q);
+}
+
+static backend_queue *cpu_queue_new(backend *bbe, dfl_error *err) {
+    cpu_backend *be = (cpu_backend *)bbe;
+    cpu_queue *q = calloc(1, sizeof(*q));
+    if (q == NULL) {
+        error_set(err, DFL_ERR_NOMEM, "cpu backend: out of memory for a queue");
+        return NULL;
+    }
+    q->base.be = bbe;
+    q->async = be->params.async;
+#ifdef DFL_TEST_HOOKS
+    q->delay_rng = be->params.debug_seed ^ (uint64_t)(uintptr_t)q;
+    q->delay_max_us = be->params.debug_max_delay_us;
+#endif
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv_work, NULL);
+    pthread_cond_init(&q->cv_space, NULL);
+    pthread_cond_init(&q->cv_done, NULL);
+    if (q->async) {
+        q->ring = calloc(CPU_QUEUE_CAP, sizeof(cpu_rec));
+        if (q->ring == NULL) {
+            error_set(err, DFL_ERR_NOMEM, "cpu backend: out of memory for a queue");
+            cpu_queue_free(&q->base);
+            return NULL;
+        }
+        if (pthread_create(&q->worker, NULL, cpu_queue_worker, q) != 0) {
+            error_set(err, DFL_ERR_INTERNAL, "cpu backend: cannot create a queue worker thread");
+            cpu_queue_free(&q->base);
+            return NULL;
+        }
+        q->worker_started = true;
+    }
+    return &q->base;
+}
+
+static void cpu_queue_submit(backend_queue *bq, const backend_op *op) {
+    cpu_rec rec;
+    memset(&rec, 0, sizeof(rec));
+    rec.kind = CPU_REC_OP;
+    rec.op = *op;
+    cpu_queue_push((cpu_queue *)bq, &rec);
+}
+
+#ifdef DFL_TEST_HOOKS
+void backend_cpu_queue_set_test_delay(backend_queue *bq, uint32_t max_us) {
+    cpu_queue *q = (cpu_queue *)bq;
+    pthread_mutex_lock(&q->mu);
+    q->delay_max_us = max_us;
+    pthread_mutex_unlock(&q->mu);
+}
+#endif
+
+static void cpu_event_record(backend_event *bev, backend_queue *bq) {
+    cpu_event *ev = (cpu_event *)bev;
+    pthread_mutex_lock(&ev->mu);
+    uint64_t seq = ++ev->recorded;
+    pthread_mutex_unlock(&ev->mu);
+    cpu_rec rec;
+    memset(&rec, 0, sizeof(rec));
+    rec.kind = CPU_REC_RECORD;
+    rec.ev = ev;
+    rec.seq = seq;
+    cpu_queue_push((cpu_queue *)bq, &rec);
+}
+
+static void cpu_queue_wait_event(backend_queue *bq, backend_event *bev) {
+    cpu_event *ev = (cpu_event *)bev;
+    pthread_mutex_lock(&ev->mu);
+    uint64_t seq = ev->recorded;
+    pthread_mutex_unlock(&ev->mu);
+    if (seq == 0) return; /* never recorded: complete */
+    cpu_rec rec;
+    memset(&rec, 0, sizeof(rec));
+    rec.kind = CPU_REC_WAIT;
+    rec.ev = ev;
+    rec.seq = seq;
+    cpu_queue_push((cpu_queue *)bq, &rec);
+}
+
+/* ---- buffers ----------------------------------------------------------------------------- */
+
+static backend_buffer *cpu_buffer_alloc(backend *be, size_t size, dfl_error *err) {
+    backend_buffer *buf = calloc(1, sizeof(*buf));
+    size_t rounded = (size + 63) & ~(size_t)63;
+    void *mem = rounded >= size ? aligned_alloc(64, rounded) : NULL;
+    if (buf == NULL || mem == NULL) {
+        free(buf);
+        free(mem);
+        error_set(err, DFL_ERR_NOMEM, "cpu backend: cannot allocate a buffer of %zu bytes", size);
+        return NULL;
+    }
+    memset(mem, 0, rounded);
+    buf->be = be;
+    buf->base = mem;
+    buf->size = size;
+    return buf;
+}
+
+static void cpu_buffer_free(backend_buffer *buf) {
+    free(buf->base);
+    free(buf);
+}
+
+static void cpu_buffer_set(backend_buffer *buf, size_t offset, const void *src, size_t size) {
+    memcpy((char *)buf->base + offset, src, size);
+}
+
+static void cpu_buffer_get(const backend_buffer *buf, size_t offset, void *dst, size_t size) {
+    memcpy(dst, (const char *)buf->base + offset, size);
+}
+
+/* ---- the backend ------------------------------------------------------------------------- */
+
+static backend_caps cpu_caps(const backend *bbe) {
+    const cpu_backend *be = (const cpu_backend *)bbe;
+    backend_caps c;
+    memset(&c, 0, sizeof(c));
+    c.name = "cpu";
+    c.async = be->params.async;
+    c.has_events = true;
+    c.host_visible = true;
+    c.cpu_features = be->features;
+    c.n_threads = be->n_threads;
+    c.n_threads_batch = be->n_threads_batch;
+    return c;
+}
+
+static dfl_status cpu_op_supported(const backend *bbe, const backend_op *op, dfl_error *err) {
+    const cpu_backend *be = (const cpu_backend *)bbe;
+    if (op->kind == BACKEND_OP_MATMUL && be->kernels.matmul[op->src[0].type] == NULL) {
+        return error_set(err, DFL_ERR_UNSUPPORTED, "op matmul: the cpu backend has no kernel for weight type %u",
+                         op->src[0].type);
+    }
+    return DFL_OK;
+}
+
+static void cpu_free(backend *bbe) {
+    cpu_backend *be = (cpu_backend *)bbe;
+    cpu_pool_free(be->pool);
+    pthread_mutex_destroy(&be->exec_mu);
+    free(be->scratch);
+    free(be);
+}
+
+void *cpu_scratch(cpu_backend *be, size_t size) {
+    if (size > be->scratch_size) {
+        size_t n = (size + 4095) & ~(size_t)4095;
+        void *mem = aligned_alloc(64, n);
+        if (mem == NULL) error_abort(__FILE__, __LINE__, "cpu backend: out of memory for op scratch");
+        free(be->scratch);
+        be->scratch = mem;
+        be->scratch_size = n;
+    }
+    return be->scratch;
+}
+
+static const backend_vtable k_cpu_vtable = {
+    .name = "cpu",
+    .free = cpu_free,
+    .caps = cpu_caps,
+    .op_supported = cpu_op_supported,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_free = cpu_buffer_free,
+    .buffer_set = cpu_buffer_set,
+    .buffer_get = cpu_buffer_get,
+    .queue_new = cpu_queue_new,
+    .queue_free = cpu_queue_free,
+    .queue_submit = cpu_queue_submit,
+    .queue_synchronize = cpu_queue_synchronize,
+    .event_new = cpu_event_new,
+    .event_free = cpu_event_free,
+    .event_record = cpu_event_record,
+    .queue_wait_event = cpu_queue_wait_event,
+    .event_synchronize = cpu_event_synchronize,
+};
+
+backend_cpu_params backend_cpu_default_params(void) {
+    backend_cpu_params p;
+    memset(&p, 0, sizeof(p));
+    return p;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+/* F16C through CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports has no "f16c"). */
+static bool cpu_has_f16c(void) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return (c & (1u << 29)) != 0;
+}
+#endif
+
+uint32_t cpu_features_detect(void) {
+    uint32_t f = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
+        f |= BACKEND_CPU_FEATURE_AVX2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+            f |= BACKEND_CPU_FEATURE_AVX512;
+            if (__builtin_cpu_supports("avx512vnni")) f |= BACKEND_CPU_FEATURE_AVX512_VNNI;
+            if (__builtin_cpu_supports("avx512bf16")) f |= BACKEND_CPU_FEATURE_AVX512_BF16;
+        }
+    }
+#endif
+    return f;
+}
+
+static int cpu_count(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (n > 256 ? 256 : (int)n);
+}
+
+backend *backend_cpu_new(const backend_cpu_params *params, dfl_error *err) {
+    backend_cpu_params p = params ? *params : backend_cpu_default_params();
+    if (p.n_threads > 1024 || p.n_threads_batch > 1024) {
+        error_set(err, DFL_ERR_INVALID, "cpu backend: thread counts %d / %d exceed 1024", p.n_threads,
+                  p.n_threads_batch);
+        return NULL;
+    }
+    cpu_backend *be = calloc(1, sizeof(*be));
+    if (be == NULL) {
+        error_set(err, DFL_ERR_NOMEM, "cpu backend: out of memory");
+        return NULL;
+    }
+    be->base.vt = &k_cpu_vtable;
+    be->params = p;
+    be->n_threads = p.n_threads > 0 ? p.n_threads : cpu_count();
+    be->n_threads_batch = p.n_threads_batch > 0 ? p.n_threads_batch : cpu_count();
+    be->features = cpu_features_detect() & ~p.disable_features;
+    /* a feature level implies the ones below it */
+    if (!(be->features & BACKEND_CPU_FEATURE_AVX2)) be->features = 0;
+    if (!(be->features & BACKEND_CPU_FEATURE_AVX512)) {
+        be->features &= ~(uint32_t)(BACKEND_CPU_FEATURE_AVX512_VNNI | BACKEND_CPU_FEATURE_AVX512_BF16);
+    }
+    cpu_kernels_select(&be->kernels, be->features);
+    pthread_mutex_init(&be->exec_mu, NULL);
+    int n_pool = be->n_threads > be->n_threads_batch ? be->n_threads : be->n_threads_batch;
+    be->pool = cpu_pool_new(n_pool, err);
+    if (be->pool == NULL) {
+        pthread_mutex_destroy(&be->exec_mu);
+        free(be);
+        return NULL;
+    }
+    return &be->base;
+}

@@ -1,0 +1,91 @@
+/* cpu_bench.c: the matmul micro-benchmark (see cpu_bench.h): random weights of any matmul type,
+ * optional cycling through copies bigger than the caches, median of n_iter timed runs. */
+#include "backend/cpu/cpu_bench.h"
+#include "base/error.h"
+#include "base/fp16.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Random but valid blocks: every f16 scale finite and small, other bytes random. */
+static void fill_weight(uint8_t *w, uint32_t type, size_t bytes, uint64_t seed) {
+    uint64_t s = seed;
+    for (size_t i = 0; i < bytes; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        w[i] = (uint8_t)(s >> 56);
+    }
+    const uint16_t d = fp32_to_fp16(0.01f);
+    const size_t bs = quant_type_get(type)->type_size;
+    for (size_t off = 0; off + bs <= bytes; off += bs) {
+        switch (type) {
+        case QUANT_TYPE_Q8_0: case QUANT_TYPE_Q4_0: memcpy(w + off, &d, 2); break;
+        case QUANT_TYPE_Q4_K: memcpy(w + off, &d, 2); memcpy(w + off + 2, &d, 2); break;
+        case QUANT_TYPE_Q6_K: memcpy(w + off + 208, &d, 2); break;
+        case QUANT_TYPE_F16: memcpy(w + off, &d, 2); break;
+        case QUANT_TYPE_BF16: { uint16_t b = fp32_to_bf16(0.01f); memcpy(w + off, &b, 2); break; }
+        case QUANT_TYPE_F32: { float f = 0.01f; memcpy(w + off, &f, 4); break; }
+        default: break;
+        }
+    }
+}
+
+dfl_status backend_bench_matmul(backend *be, uint32_t wtype, int64_t n_in, int64_t n_out, int64_t n_rows, int n_iter,
+                                bool cold, backend_bench_result *res, dfl_error *err) {
+    memset(res, 0, sizeof(*res));
+    if (!backend_matmul_type_supported(wtype) || n_in <= 0 || n_out <= 0 || n_rows <= 0 || n_iter <= 0 ||
+        n_in % quant_type_get(wtype)->blck_size != 0) {
+        return error_set(err, DFL_ERR_INVALID, "bench matmul: bad arguments (type %u, %lld x %lld x %lld)", wtype,
+                         (long long)n_in, (long long)n_out, (long long)n_rows);
+    }
+    const size_t row = quant_row_size(wtype, n_in);
+    const size_t wbytes = row * (size_t)n_out;
+    int n_copies = 1;
+    if (cold) {
+        const size_t target = (size_t)512 << 20;
+        n_copies = (int)((target + wbytes - 1) / wbytes);
+        if (n_copies < 2) n_copies = 2;
+    }
+    uint8_t *w = aligned_alloc(64, ((wbytes * (size_t)n_copies) + 63) & ~(size_t)63);
+    float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
+    float *y = malloc((size_t)(n_out * n_rows) * sizeof(float));
+    double *t = malloc((size_t)n_iter * sizeof(double));
+    backend_queue *q = backend_queue_new(be, err);
+    if (w == NULL || x == NULL || y == NULL || t == NULL || q == NULL) {
+        free(w); free(x); free(y); free(t);
+        backend_queue_free(q);
+        return error_set(err, DFL_ERR_NOMEM, "bench matmul: out of memory (%zu bytes of weights)", wbytes * (size_t)n_copies);
+    }
+    for (int c = 0; c < n_copies; c++) fill_weight(w + wbytes * (size_t)c, wtype, wbytes, 1234u + (unsigned)c);
+    for (int64_t i = 0; i < n_in * n_rows; i++) x[i] = (float)((i * 7919) % 2001 - 1000) * 0.001f;
+    tensor tx = tensor_2d(QUANT_TYPE_F32, x, n_in, n_rows);
+    tensor ty = tensor_2d(QUANT_TYPE_F32, y, n_out, n_rows);
+    for (int it = -2; it < n_iter; it++) {
+        tensor tw = tensor_2d(wtype, w + wbytes * (size_t)((it + 2) % n_copies), n_in, n_out);
+        const double t0 = now_ms();
+        op_matmul(q, ty, tw, tx);
+        backend_queue_synchronize(q);
+        if (it >= 0) t[it] = now_ms() - t0;
+    }
+    qsort(t, (size_t)n_iter, sizeof(double), cmp_double);
+    res->ms = t[n_iter / 2];
+    res->ms_min = t[0];
+    res->gbps = (double)wbytes / (res->ms * 1e-3) * 1e-9;
+    res->gops = 2.0 * (double)n_in * (double)n_out * (double)n_rows / (res->ms * 1e-3) * 1e-9;
+    res->w_bytes = wbytes;
+    res->n_copies = n_copies;
+    backend_queue_free(q);
+    free(w); free(x); free(y); free(t);
+    return DFL_OK;
+}

@@ -1,0 +1,122 @@
+/* cpu_internal.h: the CPU backend's internals shared by its files: the backend object, the
+ * prepared-activation formats of matmul, the kernel table selected at run time by CPU features,
+ * and the op executor. */
+#ifndef DFL_BACKEND_CPU_INTERNAL_H
+#define DFL_BACKEND_CPU_INTERNAL_H
+
+#include "backend/backend_impl.h"
+#include "backend/cpu/cpu_pool.h"
+
+#include <pthread.h>
+
+/* ---- prepared activations (the "dot type" of a weight type) -------------------------------- */
+
+typedef enum cpu_dot_type {
+    CPU_DOT_F32 = 0, /* f32 rows; values rounded to f16 / bf16 for F16 / BF16 weights */
+    CPU_DOT_Q8_0 = 1, /* blocks of 32: int8 q, f32 d (an f16 value), as llama.cpp's x86 quantizer */
+    CPU_DOT_Q8_K = 2, /* blocks of 256: int8 q, f32 d, int16 sums of each 16 q (llama.cpp's Q8_K) */
+} cpu_dot_type;
+
+/* Q8_0 activations are stored in groups of 16 blocks (512 values) "transposed": byte
+ * g*512 + k*64 + j*4 + e of a row holds value 4k + e (k 0..7, e 0..3) of block 16g + j, so that
+ * 32-bit lane j of the k-th 64-byte vector of a group belongs to block j: an integer dot product
+ * instruction accumulates each block in its own lane and one f32 scale per lane applies. Rows are
+ * padded to whole groups with zero blocks (q = 0, d = 0). */
+#define CPU_Q8_0_GROUP 16
+#define CPU_Q8_0_GROUP_VALUES (CPU_Q8_0_GROUP * QK8_0)
+
+static inline int64_t cpu_q8_0_row_pad(int64_t n_in) {
+    return (n_in + CPU_Q8_0_GROUP_VALUES - 1) / CPU_Q8_0_GROUP_VALUES * CPU_Q8_0_GROUP_VALUES;
+}
+
+/* Byte offset of value i of a Q8_0 activation row in the transposed layout. */
+static inline int64_t cpu_q8_0_offset(int64_t i) {
+    const int64_t b = i / QK8_0, w = i % QK8_0;
+    return (b / CPU_Q8_0_GROUP) * CPU_Q8_0_GROUP_VALUES + (w / 4) * 64 + (b % CPU_Q8_0_GROUP) * 4 + w % 4;
+}
+
+/* Activation rows [n_in, n_rows] prepared for one matmul. Per-row lengths:
+ * f [n_in]; Q8_0: qs [row_len] (transposed, padded), d [row_len / 32], ns [row_len / 32];
+ * Q8_K: qs [n_in] (plain order), d [n_in / 256], bsums [n_in / 16]. */
+typedef struct cpu_act {
+    cpu_dot_type dot;
+    int64_t n_in;
+    int64_t n_rows;
+    int64_t row_len;  /* values per row in qs (n_in, or padded to a whole group for Q8_0) */
+    float *f;         /* [n_rows][n_in]            CPU_DOT_F32 */
+    int8_t *qs;       /* [n_rows][row_len]         CPU_DOT_Q8_0, CPU_DOT_Q8_K */
+    float *d;         /* [n_rows][row_len / block] CPU_DOT_Q8_0 (block 32), CPU_DOT_Q8_K (block 256) */
+    int32_t *ns;      /* [n_rows][row_len / 32]    CPU_DOT_Q8_0: minus the sum of each block's q */
+    int16_t *bsums;   /* [n_rows][n_in / 16]       CPU_DOT_Q8_K */
+} cpu_act;
+
+/* The dot type a weight type is multiplied with. */
+cpu_dot_type cpu_dot_type_of(uint32_t wtype);
+/* Bytes of scratch cpu_act_layout needs for n_rows rows of n_in. */
+size_t cpu_act_bytes(cpu_dot_type dot, int64_t n_in, int64_t n_rows);
+/* Points the arrays of act into mem (64-byte aligned pieces). */
+void cpu_act_layout(cpu_act *act, cpu_dot_type dot, int64_t n_in, int64_t n_rows, void *mem);
+
+/* Prepares one activation row r of act from x [n_in] (scalar reference versions). */
+void cpu_act_row_f16_ref(cpu_act *act, int64_t r, const float *x);  /* f16-rounded f32 */
+void cpu_act_row_bf16_ref(cpu_act *act, int64_t r, const float *x); /* bf16-rounded f32 */
+void cpu_act_row_q8_0_ref(cpu_act *act, int64_t r, const float *x);
+void cpu_act_row_q8_K_ref(cpu_act *act, int64_t r, const float *x);
+
+/* ---- kernels ----------------------------------------------------------------------------- */
+
+/* Matmul kernel: dst[r * dst_stride + o] for o in [o0, o1) and r in [r0, r0 + nr), from weight
+ * rows w (row o at w + o * w_nb1) and prepared activations act. */
+typedef void (*cpu_matmul_fn)(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                              float *dst, int64_t dst_stride, int64_t o0, int64_t o1);
+/* Activation preparation of one row. */
+typedef void (*cpu_act_row_fn)(cpu_act *act, int64_t r, const float *x);
+/* Dot product of n f32 with n F16 (or F32) values (attention scores). */
+typedef float (*cpu_dot_f16_fn)(const float *x, const uint16_t *y, int64_t n);
+/* y[i] += a * x[i] for n F16 values x (attention: accumulate v rows). */
+typedef void (*cpu_axpy_f16_fn)(float *y, float a, const uint16_t *x, int64_t n);
+
+typedef struct cpu_kernels {
+    const char *name;                     /* "scalar", "avx2", "avx512" */
+    cpu_matmul_fn matmul[QUANT_TYPE_COUNT]; /* by weight type; NULL = unsupported */
+    cpu_act_row_fn act_row[QUANT_TYPE_COUNT]; /* by weight type */
+    cpu_dot_f16_fn dot_f16;
+    cpu_axpy_f16_fn axpy_f16;
+} cpu_kernels;
+
+/* Fills k for the feature bits (backend_cpu_feature) usable on this machine. */
+void cpu_kernels_select(cpu_kernels *k, uint32_t features);
+void cpu_kernels_init_ref(cpu_kernels *k);
+void cpu_kernels_init_avx2(cpu_kernels *k);   /* requires BACKEND_CPU_FEATURE_AVX2 */
+void cpu_kernels_init_avx512(cpu_kernels *k); /* requires AVX512 + AVX512_VNNI */
+/* Feature bits this CPU has (backend_cpu_feature). */
+uint32_t cpu_features_detect(void);
+
+/* Scalar reference matmul over prepared activations (the exact quantized computation). */
+void cpu_matmul_q_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0,
+                      int64_t nr, float *dst, int64_t dst_stride, int64_t o0, int64_t o1);
+
+/* ---- the backend object ------------------------------------------------------------------ */
+
+typedef struct cpu_backend {
+    backend base;
+    backend_cpu_params params;
+    int n_threads;
+    int n_threads_batch;
+    uint32_t features;
+    cpu_kernels kernels;
+    cpu_pool *pool;
+    pthread_mutex_t exec_mu; /* one op at a time: the pool and the scratch are shared */
+    void *scratch;           /* matmul activations etc.; grows to the largest op, then stays */
+    size_t scratch_size;
+} cpu_backend;
+
+/* Runs one validated op now, on the calling thread plus the pool (takes exec_mu). */
+void cpu_exec_op(cpu_backend *be, const backend_op *op);
+/* Scratch of at least size bytes (exec_mu held); aborts if out of memory. */
+void *cpu_scratch(cpu_backend *be, size_t size);
+
+/* matmul (cpu_matmul.c): exec_mu held. */
+void cpu_op_matmul(cpu_backend *be, const backend_op *op);
+
+#endif

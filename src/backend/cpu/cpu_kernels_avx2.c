@@ -1,0 +1,552 @@
+/* cpu_kernels_avx2.c: AVX2 + FMA + F16C kernels (matmul per weight type, activation quantizers,
+ * f16 dot / axpy), compiled per function with target attributes and selected at run time.
+ *
+ * Same data flow as the AVX-512 kernels (cpu_kernels_avx512.c) with 256-bit vectors and 16
+ * registers: a tile of up to 8 activation rows per pass over a weight row.
+ * - Q8_0 / Q4_0: each half of a transposed group (blocks 0-7, 8-15) is one 32-byte slice of the
+ *   group's 64-byte vectors; 8 weight blocks are transposed to match, lane j = block j. Q8_0 uses
+ *   the sign trick (|w| x sign(x, w) with vpmaddubsw, no saturation since |x| <= 127), Q4_0
+ *   nibbles x int8 directly (the -8 offset through the block sums).
+ * - Q4_K / Q6_K: one 32-value chunk at a time, vpmaddubsw then vpmaddwd with the sub-block scales,
+ *   int32 per super-block; mins / -32 offset through the Q8_K sums of 16.
+ * - F32 / F16 / BF16: 8 weights at a time converted to f32, FMA. */
+#include "backend/cpu/cpu_internal.h"
+#include "base/fp16.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#define T2 __attribute__((target("avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline))
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+/* Sum of the 8 lanes: (l + l^4), then (l + l^2), then (l + l^1). */
+T2 INL float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+T2 INL int hsum8_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+T2 INL float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 8x8 dword transpose: r[j] (row j, column k) -> c[k]. */
+T2 INL void transpose8(const __m256i r[8], __m256i c[8]) {
+    __m256i t[8], u[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        c[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+        c[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+    }
+}
+
+/* ---- activation preparation ------------------------------------------------------------------ */
+
+static void act_row_f32_avx2(cpu_act *act, int64_t r, const float *x) {
+    memcpy(act->f + r * act->n_in, x, (size_t)act->n_in * sizeof(float));
+}
+
+T2 static void act_row_f16_avx2(cpu_act *act, int64_t r, const float *x) {
+    float *f = act->f + r * act->n_in;
+    int64_t i = 0;
+    for (; i + 8 <= act->n_in; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_ps(f + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < act->n_in; i++) f[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+}
+
+T2 static void act_row_bf16_avx2(cpu_act *act, int64_t r, const float *x) {
+    float *f = act->f + r * act->n_in;
+    int64_t i = 0;
+    const __m256i lsb = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), qnan = _mm256_set1_epi32(0x00400000);
+    for (; i + 8 <= act->n_in; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256i u = _mm256_castps_si256(v);
+        const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+        __m256i rnd = _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(_mm256_srli_epi32(u, 16), lsb));
+        rnd = _mm256_and_si256(rnd, hi);
+        const __m256i qn = _mm256_and_si256(_mm256_or_si256(u, qnan), hi);
+        rnd = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rnd), _mm256_castsi256_ps(qn), nan));
+        _mm256_storeu_ps(f + i, _mm256_castsi256_ps(rnd));
+    }
+    for (; i < act->n_in; i++) f[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
+}
+
+/* 8 floats -> 8 int32 rounded half to even. */
+T2 INL __m256i round_epi32(__m256 v) {
+    return _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+T2 static void act_row_q8_0_avx2(cpu_act *act, int64_t r, const float *x) {
+    const int64_t nb = act->n_in / QK8_0, nb_pad = act->row_len / QK8_0;
+    int8_t *qs = act->qs + r * act->row_len;
+    float *d = act->d + r * nb_pad;
+    int32_t *ns = act->ns + r * nb_pad;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < nb_pad; b++) {
+        int8_t q[QK8_0];
+        if (b >= nb) {
+            memset(q, 0, sizeof(q));
+            d[b] = 0.0f;
+            ns[b] = 0;
+        } else {
+            const float *xb = x + b * QK8_0;
+            __m256 v[4];
+            __m256 am = _mm256_setzero_ps();
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xb + 8 * i);
+                am = _mm256_max_ps(am, _mm256_andnot_ps(sign, v[i]));
+            }
+            const float amax = hmax8(am);
+            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            d[b] = fp16_to_fp32(fp32_to_fp16(amax / 127.0f));
+            const __m256 m = _mm256_set1_ps(id);
+            __m256i iv[4], sum = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                iv[i] = round_epi32(_mm256_mul_ps(v[i], m));
+                sum = _mm256_add_epi32(sum, iv[i]);
+            }
+            ns[b] = -hsum8_epi32(sum);
+            /* pack to int8 in order */
+            __m256i p01 = _mm256_packs_epi32(iv[0], iv[1]), p23 = _mm256_packs_epi32(iv[2], iv[3]);
+            __m256i p = _mm256_packs_epi16(p01, p23);
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)q, p);
+        }
+        for (int k = 0; k < 8; k++) memcpy(qs + cpu_q8_0_offset(b * QK8_0 + 4 * k), q + 4 * k, 4);
+    }
+}
+
+T2 static void act_row_q8_K_avx2(cpu_act *act, int64_t r, const float *x) {
+    const int64_t nb = act->n_in / QK_K;
+    int8_t *qs = act->qs + r * act->n_in;
+    float *d = act->d + r * nb;
+    int16_t *bsums = act->bsums + r * (act->n_in / 16);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * QK_K;
+        __m256 am = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K; j += 8) am = _mm256_max_ps(am, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
+        const float amax = hmax8(am);
+        if (amax == 0.0f) {
+            d[b] = 0.0f;
+            memset(qs + b * QK_K, 0, QK_K);
+            memset(bsums + b * 16, 0, 16 * sizeof(int16_t));
+            continue;
+        }
+        float max = 0.0f;
+        for (int j = 0; j < QK_K; j++) {
+            if ((xb[j] < 0 ? -xb[j] : xb[j]) == amax) {
+                max = xb[j];
+                break;
+            }
+        }
+        const float iscale = -127.0f / max;
+        const __m256 is = _mm256_set1_ps(iscale);
+        const __m256i lim = _mm256_set1_epi32(127);
+        for (int j = 0; j < QK_K; j += 16) {
+            const __m256i a = _mm256_min_epi32(round_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j), is)), lim);
+            const __m256i c = _mm256_min_epi32(round_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j + 8), is)), lim);
+            bsums[b * 16 + j / 16] = (int16_t)hsum8_epi32(_mm256_add_epi32(a, c));
+            __m256i p = _mm256_packs_epi32(a, c);                                   /* a0-3 c0-3 | a4-7 c4-7 */
+            p = _mm256_permute4x64_epi64(p, 0xd8);                                  /* a0-7 | c0-7 (int16) */
+            const __m128i q = _mm_packs_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+            _mm_storeu_si128((__m128i *)(qs + b * QK_K + j), q);
+        }
+        d[b] = 1.0f / iscale;
+    }
+}
+
+/* ---- Q8_0 / Q4_0 ---------------------------------------------------------------------------- */
+
+/* Half h of group g: weights of blocks 8h .. 8h+7 (nv of them exist) as w[k] lane j = values
+ * 4k..4k+3 of block j (Q8_0: signed; Q4_0: nibbles), dw lane j = d. */
+T2 INL void q80_half(const void *wrow, const int Q4, int64_t b0, int nv, __m256i w[8], __m256 *dw) {
+    uint16_t dd[8];
+    if (Q4) {
+        const block_q4_0 *blk = (const block_q4_0 *)wrow + b0;
+        __m256i r[8];
+        /* rows j: 16 nibble bytes of block j twice (low nibbles: values 0-15, high: 16-31) */
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m128i q = j < nv ? _mm_loadu_si128((const __m128i *)blk[j].qs) : _mm_setzero_si128();
+            const __m128i lo = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f));
+            r[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+            dd[j] = j < nv ? blk[j].d : 0;
+        }
+        transpose8(r, w);
+    } else {
+        const block_q8_0 *blk = (const block_q8_0 *)wrow + b0;
+        __m256i r[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            r[j] = j < nv ? _mm256_loadu_si256((const __m256i *)blk[j].qs) : _mm256_setzero_si256();
+            dd[j] = j < nv ? blk[j].d : 0;
+        }
+        transpose8(r, w);
+    }
+    *dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dd));
+}
+
+T2 INL void q80_tile2(const void *wrow, const int Q4, const cpu_act *act, int64_t r0, const int NT, float *dst,
+                      int64_t ds, int64_t o) {
+    const int64_t nb = act->n_in / QK8_0, nbp = act->row_len / QK8_0;
+    const int64_t ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t g = 0; g < ng; g++) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const int64_t b0 = g * CPU_Q8_0_GROUP + 8 * h;
+            const int64_t rem = nb - b0;
+            if (rem <= 0) break; /* padding blocks contribute 0 */
+            __m256i w[8], aw[8];
+            __m256 dw;
+            q80_half(wrow, Q4, b0, rem >= 8 ? 8 : (int)rem, w, &dw);
+            if (!Q4) {
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) aw[k] = _mm256_sign_epi8(w[k], w[k]);
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < NT; r++) {
+                const int8_t *xq = act->qs + (r0 + r) * act->row_len + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
+                __m256i isum;
+                if (Q4) {
+                    /* nibble x int8 pairs stay below 2^15 even summed over all 8 k */
+                    __m256i p16 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                    for (int k = 0; k < 8; k++) {
+                        p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(w[k], _mm256_loadu_si256((const __m256i *)(xq + 64 * k))));
+                    }
+                    const __m256i ns = _mm256_loadu_si256((const __m256i *)(act->ns + (r0 + r) * nbp + b0));
+                    isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), _mm256_slli_epi32(ns, 3));
+                } else {
+                    isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                    for (int k = 0; k < 8; k++) {
+                        const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 64 * k));
+                        const __m256i p = _mm256_maddubs_epi16(aw[k], _mm256_sign_epi8(x, w[k]));
+                        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+                    }
+                }
+                const __m256 dx = _mm256_loadu_ps(act->d + (r0 + r) * nbp + b0);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[r]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
+}
+
+#define TILE_SWITCH8(NT_VAR, CALL)                                                                    \
+    switch (NT_VAR) {                                                                                 \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
+    case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8); break; \
+    }
+
+T2 static void mm_q8_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; o++) {
+        const void *wrow = (const char *)w + (size_t)o * w_nb1;
+        for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
+            const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
+#define CALL(N) q80_tile2(wrow, 0, act, rt, N, dst, ds, o)
+            TILE_SWITCH8(nt, CALL)
+#undef CALL
+        }
+    }
+}
+
+T2 static void mm_q4_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; o++) {
+        const void *wrow = (const char *)w + (size_t)o * w_nb1;
+        for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
+            const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
+#define CALL(N) q80_tile2(wrow, 1, act, rt, N, dst, ds, o)
+            TILE_SWITCH8(nt, CALL)
+#undef CALL
+        }
+    }
+}
+
+/* ---- Q4_K / Q6_K ---------------------------------------------------------------------------- */
+
+static void q4_K_scales2(const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        m[j] = q[j + 4] & 63;
+    }
+    for (int j = 4; j < 8; j++) {
+        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+T2 INL void q4K_tile2(const block_q4_K *W, int64_t nsb, const cpu_act *act, int64_t r0, const int NT, float *dst,
+                      int64_t ds, int64_t o) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const block_q4_K *a = W + sb;
+        uint8_t sc[8], mn[8];
+        q4_K_scales2(a->scales, sc, mn);
+        const float d = fp16_to_fp32(a->d), dmin = fp16_to_fp32(a->dmin);
+        /* (m_j, m_j) int16 pairs against the sums of 16 */
+        const __m256i m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn));
+        const __m256i mv = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
+        __m256i isum[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c2 = 0; c2 < 4; c2++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * c2));
+            const __m256i wl = _mm256_and_si256(q, low), wh = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            const __m256i sl = _mm256_set1_epi16(sc[2 * c2]), sh = _mm256_set1_epi16(sc[2 * c2 + 1]);
+#pragma GCC unroll 8
+            for (int r = 0; r < NT; r++) {
+                const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 64 * c2;
+                const __m256i pl = _mm256_maddubs_epi16(wl, _mm256_loadu_si256((const __m256i *)xq));
+                const __m256i ph = _mm256_maddubs_epi16(wh, _mm256_loadu_si256((const __m256i *)(xq + 32)));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)));
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) {
+            const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
+            const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), mv);
+            const float dx = act->d[(r0 + r) * (act->n_in / QK_K) + sb];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * dx), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * dx), acc[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
+}
+
+T2 INL void q6K_tile2(const block_q6_K *W, int64_t nsb, const cpu_act *act, int64_t r0, const int NT, float *dst,
+                      int64_t ds, int64_t o) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(0x30);
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const block_q6_K *a = W + sb;
+        const float d = fp16_to_fp32(a->d);
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales));
+        const __m256i s16n = _mm256_mullo_epi16(s16, _mm256_set1_epi16(-32));
+        __m256i isum[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int n = 0; n < 2; n++) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(a->qh + 32 * n));
+#pragma GCC unroll 2
+            for (int k2 = 0; k2 < 2; k2++) {
+                const __m256i ql = _mm256_loadu_si256((const __m256i *)(a->ql + 64 * n + 32 * k2));
+#pragma GCC unroll 2
+                for (int hi = 0; hi < 2; hi++) {
+                    const int k = k2 + 2 * hi;
+                    const __m256i lo4 = hi ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), low) : _mm256_and_si256(ql, low);
+                    __m256i h2;
+                    switch (k) {
+                    case 0: h2 = _mm256_slli_epi16(qh, 4); break;
+                    case 1: h2 = _mm256_slli_epi16(qh, 2); break;
+                    case 2: h2 = qh; break;
+                    default: h2 = _mm256_srli_epi16(qh, 2); break;
+                    }
+                    const __m256i wq = _mm256_or_si256(lo4, _mm256_and_si256(h2, hmask));
+                    const int j0 = 8 * n + 2 * k;
+                    const __m256i sv = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(a->scales[j0])),
+                                                               _mm_set1_epi16(a->scales[j0 + 1]), 1);
+#pragma GCC unroll 8
+                    for (int r = 0; r < NT; r++) {
+                        const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 128 * n + 32 * k;
+                        const __m256i p = _mm256_maddubs_epi16(wq, _mm256_loadu_si256((const __m256i *)xq));
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, sv));
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) {
+            const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), s16n));
+            const float dx = act->d[(r0 + r) * (act->n_in / QK_K) + sb];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * dx), acc[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
+}
+
+T2 static void mm_q4_K_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1) {
+    const int64_t nsb = act->n_in / QK_K;
+    for (int64_t o = o0; o < o1; o++) {
+        const block_q4_K *W = (const block_q4_K *)((const char *)w + (size_t)o * w_nb1);
+        for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
+            const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
+#define CALL(N) q4K_tile2(W, nsb, act, rt, N, dst, ds, o)
+            TILE_SWITCH8(nt, CALL)
+#undef CALL
+        }
+    }
+}
+
+T2 static void mm_q6_K_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1) {
+    const int64_t nsb = act->n_in / QK_K;
+    for (int64_t o = o0; o < o1; o++) {
+        const block_q6_K *W = (const block_q6_K *)((const char *)w + (size_t)o * w_nb1);
+        for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
+            const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
+#define CALL(N) q6K_tile2(W, nsb, act, rt, N, dst, ds, o)
+            TILE_SWITCH8(nt, CALL)
+#undef CALL
+        }
+    }
+}
+
+/* ---- F32 / F16 / BF16 ----------------------------------------------------------------------- */
+
+T2 INL __m256 load_w8(const void *p, int64_t i, const int WT) {
+    switch (WT) {
+    case 0: return _mm256_loadu_ps((const float *)p + i);
+    case 1: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    default:
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+    }
+}
+
+T2 INL float w_scalar(const void *p, int64_t i, const int WT) {
+    switch (WT) {
+    case 0: return ((const float *)p)[i];
+    case 1: return fp16_to_fp32(((const uint16_t *)p)[i]);
+    default: return bf16_to_fp32(((const uint16_t *)p)[i]);
+    }
+}
+
+T2 INL void f_tile2(const void *wrow, const int WT, const cpu_act *act, int64_t r0, const int NT, float *dst,
+                    int64_t ds, int64_t o) {
+    const int64_t n = act->n_in;
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 wv = load_w8(wrow, i, WT);
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(act->f + (r0 + r) * n + i), acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) {
+        float s = hsum8(acc[r]);
+        for (int64_t j = i; j < n; j++) s += w_scalar(wrow, j, WT) * act->f[(r0 + r) * n + j];
+        dst[(r0 + r) * ds + o] = s;
+    }
+}
+
+T2 INL void f_rows2(const void *wrow, const int WT, const cpu_act *act, int64_t rt, int nt, float *dst, int64_t ds,
+                    int64_t o) {
+#define CALL(N) f_tile2(wrow, WT, act, rt, N, dst, ds, o)
+    TILE_SWITCH8(nt, CALL)
+#undef CALL
+}
+
+#define MM_F2(NAME, WT)                                                                                       \
+    T2 static void NAME(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,   \
+                        int64_t ds, int64_t o0, int64_t o1) {                                                 \
+        for (int64_t o = o0; o < o1; o++) {                                                                   \
+            const void *wrow = (const char *)w + (size_t)o * w_nb1;                                          \
+            for (int64_t rt = r0; rt < r0 + nr; rt += 8) {                                                   \
+                f_rows2(wrow, WT, act, rt, r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt), dst, ds, o);          \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+MM_F2(mm_f32_avx2, 0)
+MM_F2(mm_f16_avx2, 1)
+MM_F2(mm_bf16_avx2, 2)
+
+/* ---- attention helpers ------------------------------------------------------------------------ */
+
+T2 static float dot_f16_avx2(const float *x, const uint16_t *y, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i))), acc);
+    }
+    float s = hsum8(acc);
+    for (; i < n; i++) s += x[i] * fp16_to_fp32(y[i]);
+    return s;
+}
+
+T2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
+    const __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
+                                                _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++) y[i] += a * fp16_to_fp32(x[i]);
+}
+
+void cpu_kernels_init_avx2(cpu_kernels *k) {
+    k->name = "avx2";
+    k->matmul[QUANT_TYPE_F32] = mm_f32_avx2;
+    k->matmul[QUANT_TYPE_F16] = mm_f16_avx2;
+    k->matmul[QUANT_TYPE_BF16] = mm_bf16_avx2;
+    k->matmul[QUANT_TYPE_Q8_0] = mm_q8_0_avx2;
+    k->matmul[QUANT_TYPE_Q4_0] = mm_q4_0_avx2;
+    k->matmul[QUANT_TYPE_Q4_K] = mm_q4_K_avx2;
+    k->matmul[QUANT_TYPE_Q6_K] = mm_q6_K_avx2;
+    k->act_row[QUANT_TYPE_F32] = act_row_f32_avx2;
+    k->act_row[QUANT_TYPE_F16] = act_row_f16_avx2;
+    k->act_row[QUANT_TYPE_BF16] = act_row_bf16_avx2;
+    k->act_row[QUANT_TYPE_Q8_0] = act_row_q8_0_avx2;
+    k->act_row[QUANT_TYPE_Q4_0] = act_row_q8_0_avx2;
+    k->act_row[QUANT_TYPE_Q4_K] = act_row_q8_K_avx2;
+    k->act_row[QUANT_TYPE_Q6_K] = act_row_q8_K_avx2;
+    k->dot_f16 = dot_f16_avx2;
+    k->axpy_f16 = axpy_f16_avx2;
+}
+
+#else
+void cpu_kernels_init_avx2(cpu_kernels *k) { (void)k; }
+#endif

@@ -1,0 +1,635 @@
+/* cpu_kernels_avx512.c: AVX-512 (F, BW, VL, DQ) + VNNI kernels, compiled per function with target
+ * attributes and selected at run time (cpu_kernels_select), so the rest of the build stays portable.
+ *
+ * Matmul kernels compute a range of output rows for a tile of up to 16 (8 for K-quants)
+ * activation rows whose accumulators stay in registers: each weight block is loaded and decoded
+ * once per tile and reused for every row of it.
+ * - Q8_0 / Q4_0: 16 weight blocks are transposed into 8 vectors whose 32-bit lane j holds 4 values
+ *   of block j, matching the transposed Q8_0 activation layout (cpu_internal.h); vpdpbusd then
+ *   accumulates each block in its own lane (weights made unsigned: Q8_0 + 128, Q4_0 nibbles; the
+ *   offset is removed exactly through the activation block sums), and one f32 scale per lane
+ *   (d_w * d_x) applies per 16 blocks.
+ * - Q4_K / Q6_K: two weight rows share a vector (low half row o, high half row o + 1); a chunk of
+ *   32 activation values is broadcast to both halves; vpdpbusd (unsigned 4/6-bit weights x int8)
+ *   then vpdpwssd with the integer sub-block scales accumulate a whole super-block exactly in
+ *   int32; the Q4_K mins and the Q6_K -32 offset come from the Q8_K sums of 16.
+ * - F32 / F16 / BF16: weights converted to f32 16 at a time, FMA with the (f16/bf16-rounded) rows. */
+#include "backend/cpu/cpu_internal.h"
+#include "base/fp16.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline))
+
+/* ---- activation preparation ---------------------------------------------------------------- */
+
+T512 static void act_row_f16_512(cpu_act *act, int64_t r, const float *x) {
+    float *f = act->f + r * act->n_in;
+    int64_t i = 0;
+    for (; i + 16 <= act->n_in; i += 16) {
+        __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm512_storeu_ps(f + i, _mm512_cvtph_ps(h));
+    }
+    for (; i < act->n_in; i++) f[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+}
+
+T512 static void act_row_bf16_512(cpu_act *act, int64_t r, const float *x) {
+    float *f = act->f + r * act->n_in;
+    int64_t i = 0;
+    const __m512i lsb = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u), qnan = _mm512_set1_epi32(0x00400000);
+    for (; i + 16 <= act->n_in; i += 16) {
+        __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + i));
+        __mmask16 nan = _mm512_cmp_ps_mask(_mm512_castsi512_ps(u), _mm512_castsi512_ps(u), _CMP_UNORD_Q);
+        __m512i rnd = _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb));
+        rnd = _mm512_and_si512(rnd, hi);
+        rnd = _mm512_mask_mov_epi32(rnd, nan, _mm512_and_si512(_mm512_or_si512(u, qnan), hi));
+        _mm512_storeu_ps(f + i, _mm512_castsi512_ps(rnd));
+    }
+    for (; i < act->n_in; i++) f[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
+}
+
+static void act_row_f32_512(cpu_act *act, int64_t r, const float *x) {
+    memcpy(act->f + r * act->n_in, x, (size_t)act->n_in * sizeof(float));
+}
+
+/* Q8_0: the 32 values of one block -> 32 int8 (q = round_half_even(x * 127 / amax)), d, -sum. */
+T512 INL void q8_0_block_512(const float *xb, int8_t *q, float *d, int32_t *ns) {
+    const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    *d = fp16_to_fp32(fp32_to_fp16(amax / 127.0f));
+    const __m512 m = _mm512_set1_ps(id);
+    const __m512i i0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v0, m), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i i1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v1, m), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(i0));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(i1));
+    *ns = -_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+}
+
+T512 static void act_row_q8_0_512(cpu_act *act, int64_t r, const float *x) {
+    const int64_t nb = act->n_in / QK8_0, nb_pad = act->row_len / QK8_0;
+    int8_t *qs = act->qs + r * act->row_len;
+    float *d = act->d + r * nb_pad;
+    int32_t *ns = act->ns + r * nb_pad;
+    /* a group is quantized block-major into tmp, then transposed with 8 dword gathers */
+    int8_t tmp[CPU_Q8_0_GROUP_VALUES] __attribute__((aligned(64)));
+    const __m512i idx0 = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
+    for (int64_t g = 0; g < nb_pad / CPU_Q8_0_GROUP; g++) {
+        for (int j = 0; j < CPU_Q8_0_GROUP; j++) {
+            const int64_t b = g * CPU_Q8_0_GROUP + j;
+            if (b < nb) {
+                q8_0_block_512(x + b * QK8_0, tmp + j * QK8_0, d + b, ns + b);
+            } else {
+                memset(tmp + j * QK8_0, 0, QK8_0);
+                d[b] = 0.0f;
+                ns[b] = 0;
+            }
+        }
+        #pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m512i v = _mm512_i32gather_epi32(_mm512_add_epi32(idx0, _mm512_set1_epi32(k)), tmp, 4);
+            _mm512_storeu_si512(qs + g * CPU_Q8_0_GROUP_VALUES + k * 64, v);
+        }
+    }
+}
+
+T512 static void act_row_q8_K_512(cpu_act *act, int64_t r, const float *x) {
+    const int64_t nb = act->n_in / QK_K;
+    int8_t *qs = act->qs + r * act->n_in;
+    float *d = act->d + r * nb;
+    int16_t *bsums = act->bsums + r * (act->n_in / 16);
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * QK_K;
+        __m512 am = _mm512_setzero_ps();
+        for (int j = 0; j < QK_K; j += 16) am = _mm512_max_ps(am, _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j)));
+        const float amax = _mm512_reduce_max_ps(am);
+        if (amax == 0.0f) {
+            d[b] = 0.0f;
+            memset(qs + b * QK_K, 0, QK_K);
+            memset(bsums + b * 16, 0, 16 * sizeof(int16_t));
+            continue;
+        }
+        /* the first value of largest magnitude, with its sign */
+        float max = 0.0f;
+        for (int j = 0; j < QK_K; j += 16) {
+            __mmask16 m = _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+            if (m) {
+                max = xb[j + __builtin_ctz((unsigned)m)];
+                break;
+            }
+        }
+        const float iscale = -127.0f / max;
+        const __m512 is = _mm512_set1_ps(iscale);
+        const __m512i lim = _mm512_set1_epi32(127);
+        for (int j = 0; j < QK_K; j += 16) {
+            __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j), is),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q = _mm512_min_epi32(q, lim);
+            _mm_storeu_si128((__m128i *)(qs + b * QK_K + j), _mm512_cvtsepi32_epi8(q));
+            bsums[b * 16 + j / 16] = (int16_t)_mm512_reduce_add_epi32(q);
+        }
+        d[b] = 1.0f / iscale;
+    }
+}
+
+/* ---- horizontal sums, identical bits for a row whatever the tile size ------------------------ */
+
+/* Sum of the 16 lanes of v in the order of hsum16_tree: ((l0 + l2) + (l1 + l3)) inside each 128-bit
+ * lane, then (L0 + L1) + (L2 + L3) across lanes (f32 addition is commutative, so the pairing is
+ * what fixes the result). */
+T512 INL float hsum16_one(__m512 v) {
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));                  /* l ^ 2 */
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));                  /* l ^ 1 */
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));            /* L ^ 1 */
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));            /* L ^ 2 */
+    return _mm512_cvtss_f32(v);
+}
+
+/* Lane r of the result = hsum16_one(a[r]) for r < NT (the other lanes 0), bit for bit. */
+T512 INL __m512 hsum16_tree(const __m512 *a, const int NT) {
+    __m512 s[8], t[4], u[2];
+    const __m512 z = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        const __m512 x = 2 * i < NT ? a[2 * i] : z, y = 2 * i + 1 < NT ? a[2 * i + 1] : z;
+        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y)); /* [x02 y02 x13 y13] */
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const __m512d x = _mm512_castps_pd(s[2 * i]), y = _mm512_castps_pd(s[2 * i + 1]);
+        t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    u[0] = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88), _mm512_shuffle_f32x4(t[0], t[1], 0xdd));
+    u[1] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], 0x88), _mm512_shuffle_f32x4(t[2], t[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
+}
+
+/* dst[(r0 + r) * ds + o] = sum of acc[r], r < NT. */
+T512 INL void store_sums(const __m512 *acc, const int NT, float *dst, int64_t r0, int64_t ds, int64_t o) {
+    if (NT <= 3) {
+#pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum16_one(acc[r]);
+        return;
+    }
+    float tmp[16] __attribute__((aligned(64)));
+    _mm512_store_ps(tmp, hsum16_tree(acc, NT));
+#pragma GCC unroll 16
+    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = tmp[r];
+}
+
+/* ---- Q8_0 / Q4_0 x Q8_0 (transposed groups of 16 blocks) -------------------------------------- */
+
+/* 8x8 transpose of dwords inside each 256-bit half of z[0..7] (row j, column k) into v[k]. */
+T512 INL void transpose_8x8_halves(const __m512i z[8], __m512i v[8]) {
+    __m512i t[8], u[8];
+    #pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+    }
+    #pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm512_permutex2var_epi64(u[k], lo, u[k + 4]);
+        v[k + 4] = _mm512_permutex2var_epi64(u[k], hi, u[k + 4]);
+    }
+}
+
+/* Group g (blocks 16g .. 16g + 15, of which `nv` exist) of a Q8_0 weight row: w[k] lane j = values
+ * 4k..4k+3 of block j plus 128 (unsigned), dw lane j = d of block j (0 for missing blocks). */
+T512 INL void q8_0_group(const block_q8_0 *blk, int nv, __m512i w[8], __m512 *dw) {
+    __m512i z[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const __m256i a = j < nv ? _mm256_loadu_si256((const __m256i *)blk[j].qs) : _mm256_setzero_si256();
+        const __m256i b = j + 8 < nv ? _mm256_loadu_si256((const __m256i *)blk[j + 8].qs) : _mm256_setzero_si256();
+        z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    }
+    transpose_8x8_halves(z, w);
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    #pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) w[k] = _mm512_xor_si512(w[k], off);
+    const __m512i idx = _mm512_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238, 272, 306, 340, 374, 408, 442, 476, 510);
+    const __mmask16 m = nv >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
+    const __m512i dd = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, (const void *)blk, 1);
+    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+}
+
+/* The same for Q4_0: w[k] lane j = nibble values 4k..4k+3 of block j (0..15, unsigned). */
+T512 INL void q4_0_group(const block_q4_0 *blk, int nv, __m512i w[8], __m512 *dw) {
+    __m512i z[4];
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m128i p[4];
+        #pragma GCC unroll 4
+        for (int l = 0; l < 4; l++) {
+            const int b = j + 4 * l;
+            p[l] = b < nv ? _mm_loadu_si128((const __m128i *)blk[b].qs) : _mm_setzero_si128();
+        }
+        __m512i v = _mm512_castsi128_si512(p[0]);
+        v = _mm512_inserti32x4(v, p[1], 1);
+        v = _mm512_inserti32x4(v, p[2], 2);
+        z[j] = _mm512_inserti32x4(v, p[3], 3);
+    }
+    /* 4x4 dword transpose inside each 128-bit lane: lane L of z[j] is block j + 4L */
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    __m512i c[4];
+    c[0] = _mm512_unpacklo_epi64(t0, t2);
+    c[1] = _mm512_unpackhi_epi64(t0, t2);
+    c[2] = _mm512_unpacklo_epi64(t1, t3);
+    c[3] = _mm512_unpackhi_epi64(t1, t3);
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        w[k] = _mm512_and_si512(c[k], low);
+        w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(c[k], 4), low);
+    }
+    const __m512i idx = _mm512_setr_epi32(0, 18, 36, 54, 72, 90, 108, 126, 144, 162, 180, 198, 216, 234, 252, 270);
+    const __mmask16 m = nv >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
+    const __m512i dd = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, (const void *)blk, 1);
+    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+}
+
+/* One weight row o against NT activation rows from r0. Q4 selects Q4_0 (else Q8_0). */
+T512 INL void q80_tile(const void *wrow, const int Q4, const cpu_act *act, int64_t r0, const int NT, float *dst,
+                       int64_t ds, int64_t o) {
+    const int64_t nb = act->n_in / QK8_0, ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
+    const int64_t nbp = act->row_len / QK8_0;
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < NT; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        __m512i w[8];
+        __m512 dw;
+        const int64_t rem = nb - g * CPU_Q8_0_GROUP;
+        const int nv = rem >= CPU_Q8_0_GROUP ? CPU_Q8_0_GROUP : (int)rem;
+        if (Q4) {
+            q4_0_group((const block_q4_0 *)wrow + g * CPU_Q8_0_GROUP, nv, w, &dw);
+        } else {
+            q8_0_group((const block_q8_0 *)wrow + g * CPU_Q8_0_GROUP, nv, w, &dw);
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < NT; r++) {
+            const int8_t *xq = act->qs + (r0 + r) * act->row_len + g * CPU_Q8_0_GROUP_VALUES;
+            const __m512i ns = _mm512_loadu_si512(act->ns + (r0 + r) * nbp + g * CPU_Q8_0_GROUP);
+            __m512i isum = _mm512_slli_epi32(ns, Q4 ? 3 : 7); /* remove the +8 / +128 offset */
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) isum = _mm512_dpbusd_epi32(isum, w[k], _mm512_loadu_si512(xq + 64 * k));
+            const __m512 dx = _mm512_loadu_ps(act->d + (r0 + r) * nbp + g * CPU_Q8_0_GROUP);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), acc[r]);
+        }
+    }
+    store_sums(acc, NT, dst, r0, ds, o);
+}
+
+#define TILE_SWITCH(NT_VAR, CALL)                                                                         \
+    switch (NT_VAR) {                                                                                     \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break;     \
+    case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; case 8: CALL(8); break;     \
+    case 9: CALL(9); break; case 10: CALL(10); break; case 11: CALL(11); break; case 12: CALL(12); break; \
+    case 13: CALL(13); break; case 14: CALL(14); break; case 15: CALL(15); break; default: CALL(16); break; \
+    }
+
+T512 static void mm_q8_0_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; o++) {
+        const void *wrow = (const char *)w + (size_t)o * w_nb1;
+        for (int64_t rt = r0; rt < r0 + nr; rt += 16) {
+            const int nt = r0 + nr - rt >= 16 ? 16 : (int)(r0 + nr - rt);
+#define CALL(N) q80_tile(wrow, 0, act, rt, N, dst, ds, o)
+            TILE_SWITCH(nt, CALL)
+#undef CALL
+        }
+    }
+}
+
+T512 static void mm_q4_0_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; o++) {
+        const void *wrow = (const char *)w + (size_t)o * w_nb1;
+        for (int64_t rt = r0; rt < r0 + nr; rt += 16) {
+            const int nt = r0 + nr - rt >= 16 ? 16 : (int)(r0 + nr - rt);
+#define CALL(N) q80_tile(wrow, 1, act, rt, N, dst, ds, o)
+            TILE_SWITCH(nt, CALL)
+#undef CALL
+        }
+    }
+}
+
+/* ---- Q4_K / Q6_K x Q8_K (two weight rows per vector) ---------------------------------------- */
+
+/* Broadcast 32 bytes to both 256-bit halves. */
+T512 INL __m512i bcast256(const void *p) { return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p)); }
+
+/* Two 32-byte pieces into one vector: a low, b high. */
+T512 INL __m512i pair256(const void *a, const void *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+T512 INL __m512 pair_ps(float a, float b) {
+    return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
+}
+
+/* Horizontal sums of the two halves of v (the same order for both). */
+T512 INL void reduce_halves(__m512 v, float *lo, float *hi) {
+    __m256 a = _mm512_castps512_ps256(v), b = _mm512_extractf32x8_ps(v, 1);
+    __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 b4 = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+    __m128 s = _mm_hadd_ps(a4, b4); /* a01 a23 b01 b23 */
+    s = _mm_hadd_ps(s, s);          /* a b a b */
+    *lo = _mm_cvtss_f32(s);
+    *hi = _mm_cvtss_f32(_mm_shuffle_ps(s, s, 1));
+}
+
+static void q4_K_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        m[j] = q[j + 4] & 63;
+    }
+    for (int j = 4; j < 8; j++) {
+        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+T512 INL void q4K_tile(const block_q4_K *A, const block_q4_K *B, int64_t nsb, const cpu_act *act, int64_t r0,
+                       const int NT, float *dst, int64_t ds, int64_t oa, int64_t ob) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const block_q4_K *a = A + sb, *b = B + sb;
+        uint8_t sc[16], mn[16];
+        q4_K_scales(a->scales, sc, mn);
+        q4_K_scales(b->scales, sc + 8, mn + 8);
+        const __m512 dv = pair_ps(fp16_to_fp32(a->d), fp16_to_fp32(b->d));
+        const __m512 dmv = pair_ps(fp16_to_fp32(a->dmin), fp16_to_fp32(b->dmin));
+        const __m512i m32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)mn));
+        const __m512i mv = _mm512_or_si512(m32, _mm512_slli_epi32(m32, 16)); /* (m_j, m_j) int16 pairs */
+        __m512i isum[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) isum[r] = _mm512_setzero_si512();
+        #pragma GCC unroll 4
+        for (int c2 = 0; c2 < 4; c2++) {
+            const __m512i q = pair256(a->qs + 32 * c2, b->qs + 32 * c2);
+            const __m512i wl = _mm512_and_si512(q, low), wh = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+            const __m512i sl = _mm512_mask_set1_epi32(_mm512_set1_epi32(sc[2 * c2]), 0xff00, sc[8 + 2 * c2]);
+            const __m512i sh = _mm512_mask_set1_epi32(_mm512_set1_epi32(sc[2 * c2 + 1]), 0xff00, sc[8 + 2 * c2 + 1]);
+#pragma GCC unroll 8
+            for (int r = 0; r < NT; r++) {
+                const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 64 * c2;
+                const __m512i pl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, bcast256(xq));
+                const __m512i ph = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wh, bcast256(xq + 32));
+                isum[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum[r], pl, sl), ph, sh);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) {
+            const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
+            const __m512i msum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), bcast256(bs), mv);
+            const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (act->n_in / QK_K) + sb]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, dx), acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmv, dx), acc[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) {
+        float lo, hi;
+        reduce_halves(acc[r], &lo, &hi);
+        dst[(r0 + r) * ds + oa] = lo;
+        if (ob != oa) dst[(r0 + r) * ds + ob] = hi;
+    }
+}
+
+T512 INL void q6K_tile(const block_q6_K *A, const block_q6_K *B, int64_t nsb, const cpu_act *act, int64_t r0,
+                       const int NT, float *dst, int64_t ds, int64_t oa, int64_t ob) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0f), hmask = _mm512_set1_epi8(0x30);
+    const __m512i m16 = _mm512_set1_epi32(0xffff);
+    const __m512i sidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 16, 16, 16, 16, 17, 17, 17, 17);
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const block_q6_K *a = A + sb, *b = B + sb;
+        const __m512i sa = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)a->scales)), m16);
+        const __m512i sbv = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->scales)), m16);
+        /* -32 * scale as int16, for the offset through the Q8_K sums of 16 */
+        const __m512i s16 = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales))),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales)), 1);
+        const __m512i s16n = _mm512_mullo_epi16(s16, _mm512_set1_epi16(-32));
+        const __m512 dv = pair_ps(fp16_to_fp32(a->d), fp16_to_fp32(b->d));
+        __m512i isum[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) isum[r] = _mm512_setzero_si512();
+        #pragma GCC unroll 2
+        for (int n = 0; n < 2; n++) {
+            const __m512i qh = pair256(a->qh + 32 * n, b->qh + 32 * n);
+            #pragma GCC unroll 2
+            for (int k2 = 0; k2 < 2; k2++) {
+                const __m512i ql = pair256(a->ql + 64 * n + 32 * k2, b->ql + 64 * n + 32 * k2);
+                #pragma GCC unroll 2
+                for (int hi = 0; hi < 2; hi++) {
+                    const int k = k2 + 2 * hi; /* value chunk 128n + 32k */
+                    const __m512i lo4 = hi ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), low) : _mm512_and_si512(ql, low);
+                    __m512i h2;
+                    switch (k) {
+                    case 0: h2 = _mm512_slli_epi16(qh, 4); break;
+                    case 1: h2 = _mm512_slli_epi16(qh, 2); break;
+                    case 2: h2 = qh; break;
+                    default: h2 = _mm512_srli_epi16(qh, 2); break;
+                    }
+                    const __m512i wq = _mm512_or_si512(lo4, _mm512_and_si512(h2, hmask));
+                    const int j0 = 8 * n + 2 * k; /* sub-blocks j0, j0 + 1 */
+                    const __m512i sv = _mm512_permutex2var_epi32(sa, _mm512_add_epi32(sidx, _mm512_set1_epi32(j0)), sbv);
+#pragma GCC unroll 8
+                    for (int r = 0; r < NT; r++) {
+                        const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 128 * n + 32 * k;
+                        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, bcast256(xq));
+                        isum[r] = _mm512_dpwssd_epi32(isum[r], p, sv);
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) {
+            const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
+            isum[r] = _mm512_dpwssd_epi32(isum[r], bcast256(bs), s16n);
+            const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (act->n_in / QK_K) + sb]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, dx), acc[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) {
+        float lo, hi;
+        reduce_halves(acc[r], &lo, &hi);
+        dst[(r0 + r) * ds + oa] = lo;
+        if (ob != oa) dst[(r0 + r) * ds + ob] = hi;
+    }
+}
+
+#define TILE_SWITCH8(NT_VAR, CALL)                                                                    \
+    switch (NT_VAR) {                                                                                 \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
+    case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8); break; \
+    }
+
+T512 static void mm_q4_K_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    const int64_t nsb = act->n_in / QK_K;
+    for (int64_t o = o0; o < o1; o += 2) {
+        const int64_t ob = o + 1 < o1 ? o + 1 : o;
+        const block_q4_K *A = (const block_q4_K *)((const char *)w + (size_t)o * w_nb1);
+        const block_q4_K *B = (const block_q4_K *)((const char *)w + (size_t)ob * w_nb1);
+        for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
+            const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
+#define CALL(N) q4K_tile(A, B, nsb, act, rt, N, dst, ds, o, ob)
+            TILE_SWITCH8(nt, CALL)
+#undef CALL
+        }
+    }
+}
+
+T512 static void mm_q6_K_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    const int64_t nsb = act->n_in / QK_K;
+    for (int64_t o = o0; o < o1; o += 2) {
+        const int64_t ob = o + 1 < o1 ? o + 1 : o;
+        const block_q6_K *A = (const block_q6_K *)((const char *)w + (size_t)o * w_nb1);
+        const block_q6_K *B = (const block_q6_K *)((const char *)w + (size_t)ob * w_nb1);
+        for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
+            const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
+#define CALL(N) q6K_tile(A, B, nsb, act, rt, N, dst, ds, o, ob)
+            TILE_SWITCH8(nt, CALL)
+#undef CALL
+        }
+    }
+}
+
+/* ---- F32 / F16 / BF16 weights ------------------------------------------------------------------ */
+
+/* 16 weights (the lanes of m) as f32. WT: 0 f32, 1 f16, 2 bf16. */
+T512 INL __m512 load_w16(const void *p, int64_t i, const int WT, __mmask16 m) {
+    switch (WT) {
+    case 0: return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    case 1: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));
+    default:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i)), 16));
+    }
+}
+
+T512 INL void f_tile(const void *wrow, const int WT, const cpu_act *act, int64_t r0, const int NT, float *dst,
+                     int64_t ds, int64_t o) {
+    const int64_t n = act->n_in;
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < NT; r++) acc[r] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 wv = load_w16(wrow, i, WT, 0xffff);
+#pragma GCC unroll 16
+        for (int r = 0; r < NT; r++) acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(act->f + (r0 + r) * n + i), acc[r]);
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 wv = load_w16(wrow, i, WT, m);
+#pragma GCC unroll 16
+        for (int r = 0; r < NT; r++) {
+            acc[r] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, act->f + (r0 + r) * n + i), acc[r]);
+        }
+    }
+    store_sums(acc, NT, dst, r0, ds, o);
+}
+
+T512 INL void f_rows(const void *wrow, const int WT, const cpu_act *act, int64_t rt, int nt, float *dst, int64_t ds,
+                     int64_t o) {
+#define CALL(N) f_tile(wrow, WT, act, rt, N, dst, ds, o)
+    TILE_SWITCH(nt, CALL)
+#undef CALL
+}
+
+#define MM_F(NAME, WT)                                                                                        \
+    T512 static void NAME(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst, \
+                          int64_t ds, int64_t o0, int64_t o1) {                                               \
+        for (int64_t o = o0; o < o1; o++) {                                                                   \
+            const void *wrow = (const char *)w + (size_t)o * w_nb1;                                          \
+            for (int64_t rt = r0; rt < r0 + nr; rt += 16) {                                                  \
+                f_rows(wrow, WT, act, rt, r0 + nr - rt >= 16 ? 16 : (int)(r0 + nr - rt), dst, ds, o);         \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+MM_F(mm_f32_512, 0)
+MM_F(mm_f16_512, 1)
+MM_F(mm_bf16_512, 2)
+
+/* ---- attention helpers ------------------------------------------------------------------------- */
+
+T512 static float dot_f16_512(const float *x, const uint16_t *y, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i))), acc);
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, y + i)), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+T512 static void axpy_f16_512(float *y, float a, const uint16_t *x, int64_t n) {
+    const __m512 av = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))),
+                                                _mm512_loadu_ps(y + i)));
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)),
+                                                        _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+void cpu_kernels_init_avx512(cpu_kernels *k) {
+    k->name = "avx512";
+    k->matmul[QUANT_TYPE_F32] = mm_f32_512;
+    k->matmul[QUANT_TYPE_F16] = mm_f16_512;
+    k->matmul[QUANT_TYPE_BF16] = mm_bf16_512;
+    k->matmul[QUANT_TYPE_Q8_0] = mm_q8_0_512;
+    k->matmul[QUANT_TYPE_Q4_0] = mm_q4_0_512;
+    k->matmul[QUANT_TYPE_Q4_K] = mm_q4_K_512;
+    k->matmul[QUANT_TYPE_Q6_K] = mm_q6_K_512;
+    k->act_row[QUANT_TYPE_F32] = act_row_f32_512;
+    k->act_row[QUANT_TYPE_F16] = act_row_f16_512;
+    k->act_row[QUANT_TYPE_BF16] = act_row_bf16_512;
+    k->act_row[QUANT_TYPE_Q8_0] = act_row_q8_0_512;
+    k->act_row[QUANT_TYPE_Q4_0] = act_row_q8_0_512;
+    k->act_row[QUANT_TYPE_Q4_K] = act_row_q8_K_512;
+    k->act_row[QUANT_TYPE_Q6_K] = act_row_q8_K_512;
+    k->dot_f16 = dot_f16_512;
+    k->axpy_f16 = axpy_f16_512;
+}
+
+#else
+void cpu_kernels_init_avx512(cpu_kernels *k) { (void)k; }
+#endif

@@ -1,0 +1,131 @@
+/* cpu_matmul_ref.c: the scalar reference of the quantized matmul computation: weight blocks times
+ * prepared activations (cpu_act) with exact integer block dot products, scaled and summed in f64.
+ * The SIMD kernels compute the same integers and differ only in the f32 rounding of the scale
+ * products and of the sum order. Also the scalar kernel set's matmul on CPUs without AVX2. */
+#include "backend/cpu/cpu_internal.h"
+#include "base/error.h"
+#include "base/fp16.h"
+
+#include <string.h>
+
+/* Q4_K: 6-bit scale and min of sub-block j (0..7), as ggml's get_scale_min_k4. */
+static void q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q6_K: the signed 6-bit value (-32..31) of element e (0..255). */
+static int q6_K_value(const block_q6_K *b, int e) {
+    const int n = e / 128, k = (e % 128) / 32, l = e % 32;
+    const uint8_t ql = b->ql[64 * n + l + (k & 1) * 32];
+    const int lo = k >= 2 ? ql >> 4 : ql & 0xF;
+    const int hi = (b->qh[32 * n + l] >> (2 * k)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* One weight row o against activation row r, in f64. */
+static double dot_row(uint32_t wtype, const void *wrow, const cpu_act *act, int64_t r) {
+    const int64_t n = act->n_in;
+    double sum = 0.0;
+    switch (wtype) {
+    case QUANT_TYPE_F32:
+    case QUANT_TYPE_F16:
+    case QUANT_TYPE_BF16: {
+        const float *x = act->f + r * n;
+        for (int64_t i = 0; i < n; i++) {
+            float w;
+            if (wtype == QUANT_TYPE_F32) {
+                memcpy(&w, (const char *)wrow + 4 * i, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, (const char *)wrow + 2 * i, 2);
+                w = wtype == QUANT_TYPE_F16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+            }
+            sum += (double)w * (double)x[i];
+        }
+        return sum;
+    }
+    case QUANT_TYPE_Q8_0:
+    case QUANT_TYPE_Q4_0: {
+        const int8_t *qx = act->qs + r * act->row_len; /* transposed layout: cpu_q8_0_offset */
+        const float *dx = act->d + r * (act->row_len / QK8_0);
+        for (int64_t b = 0; b < n / QK8_0; b++) {
+            int32_t isum = 0;
+            float dw;
+            if (wtype == QUANT_TYPE_Q8_0) {
+                const block_q8_0 *blk = (const block_q8_0 *)wrow + b;
+                for (int j = 0; j < QK8_0; j++) isum += blk->qs[j] * qx[cpu_q8_0_offset(b * QK8_0 + j)];
+                dw = fp16_to_fp32(blk->d);
+            } else {
+                const block_q4_0 *blk = (const block_q4_0 *)wrow + b;
+                for (int j = 0; j < QK4_0 / 2; j++) {
+                    isum += ((blk->qs[j] & 0xF) - 8) * qx[cpu_q8_0_offset(b * QK8_0 + j)];
+                    isum += ((blk->qs[j] >> 4) - 8) * qx[cpu_q8_0_offset(b * QK8_0 + j + 16)];
+                }
+                dw = fp16_to_fp32(blk->d);
+            }
+            sum += (double)dw * (double)dx[b] * (double)isum;
+        }
+        return sum;
+    }
+    case QUANT_TYPE_Q4_K: {
+        const int8_t *qx = act->qs + r * n;
+        const float *dx = act->d + r * (n / QK_K);
+        const int16_t *bs = act->bsums + r * (n / 16);
+        for (int64_t b = 0; b < n / QK_K; b++) {
+            const block_q4_K *blk = (const block_q4_K *)wrow + b;
+            const int8_t *q = qx + b * QK_K;
+            int64_t isc = 0, imin = 0;
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                q4_K_scale_min(j, blk->scales, &sc, &m);
+                int32_t dot = 0;
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t byte = blk->qs[32 * (j / 2) + l];
+                    const int v = (j & 1) ? byte >> 4 : byte & 0xF;
+                    dot += v * q[32 * j + l];
+                }
+                isc += (int64_t)sc * dot;
+                imin += (int64_t)m * (bs[b * 16 + 2 * j] + bs[b * 16 + 2 * j + 1]);
+            }
+            sum += (double)fp16_to_fp32(blk->d) * (double)dx[b] * (double)isc -
+                   (double)fp16_to_fp32(blk->dmin) * (double)dx[b] * (double)imin;
+        }
+        return sum;
+    }
+    case QUANT_TYPE_Q6_K: {
+        const int8_t *qx = act->qs + r * n;
+        const float *dx = act->d + r * (n / QK_K);
+        for (int64_t b = 0; b < n / QK_K; b++) {
+            const block_q6_K *blk = (const block_q6_K *)wrow + b;
+            const int8_t *q = qx + b * QK_K;
+            int64_t isum = 0;
+            for (int j = 0; j < 16; j++) {
+                int32_t dot = 0;
+                for (int l = 0; l < 16; l++) dot += q6_K_value(blk, 16 * j + l) * q[16 * j + l];
+                isum += (int64_t)blk->scales[j] * dot;
+            }
+            sum += (double)fp16_to_fp32(blk->d) * (double)dx[b] * (double)isum;
+        }
+        return sum;
+    }
+    default:
+        DFL_ASSERT(0 && "cpu_matmul_q_ref: weight type");
+    }
+    return 0.0;
+}
+
+void cpu_matmul_q_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0,
+                      int64_t nr, float *dst, int64_t dst_stride, int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; o++) {
+        const void *wrow = (const char *)w + (size_t)o * w_nb1;
+        for (int64_t r = r0; r < r0 + nr; r++) {
+            dst[r * dst_stride + o] = (float)dot_row(wtype, wrow, act, r);
+        }
+    }
+}

@@ -1,0 +1,214 @@
+/* cpu_ops.c: the CPU backend's op executor. matmul and attention have their own threaded, SIMD
+ * implementations (cpu_matmul.c and below); the light ops (norms, rope, elementwise, rows) run the
+ * reference code on slices of the op split along an outer dimension across the pool when they are
+ * big enough to be worth it. */
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_ops_ref.h"
+#include "base/error.h"
+#include "base/fp16.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- slicing light ops ------------------------------------------------------------------- */
+
+static tensor slice(const tensor *t, int dim, int64_t i0, int64_t n) {
+    tensor r = *t;
+    r.data = (char *)t->data + (size_t)i0 * t->nb[dim];
+    r.ne[dim] = n;
+    return r;
+}
+
+/* The dimension an op is split along and its extent; n = 1 means "do not split". */
+static int split_dim(const backend_op *op, int64_t *n) {
+    const tensor *d = &op->dst;
+    switch (op->kind) {
+    case BACKEND_OP_RMSNORM:
+    case BACKEND_OP_SWIGLU:
+    case BACKEND_OP_SCALE:
+    case BACKEND_OP_SOFTMAX:
+    case BACKEND_OP_ADD:
+    case BACKEND_OP_MUL:
+    case BACKEND_OP_COPY:
+        for (int dim = 3; dim >= 1; dim--) {
+            if (d->ne[dim] > 1) {
+                *n = d->ne[dim];
+                return dim;
+            }
+        }
+        break;
+    case BACKEND_OP_ROPE_NEOX:
+        *n = d->ne[2] > 1 ? d->ne[2] : d->ne[1];
+        return d->ne[2] > 1 ? 2 : 1;
+    case BACKEND_OP_SET_ROWS: *n = op->src[0].ne[1]; return 1;
+    case BACKEND_OP_GET_ROWS: *n = d->ne[1]; return 1;
+    case BACKEND_OP_ARGMAX: *n = op->src[0].ne[1]; return 1;
+    default: break;
+    }
+    *n = 1;
+    return 1;
+}
+
+/* The part [i0, i0 + n) of op along dim. */
+static backend_op slice_op(const backend_op *op, int dim, int64_t i0, int64_t n) {
+    backend_op s = *op;
+    switch (op->kind) {
+    case BACKEND_OP_RMSNORM:
+    case BACKEND_OP_SWIGLU:
+    case BACKEND_OP_SCALE:
+    case BACKEND_OP_SOFTMAX:
+    case BACKEND_OP_COPY:
+        s.dst = slice(&op->dst, dim, i0, n);
+        s.src[0] = slice(&op->src[0], dim, i0, n);
+        if (op->kind == BACKEND_OP_SWIGLU) s.src[1] = slice(&op->src[1], dim, i0, n);
+        break;
+    case BACKEND_OP_ADD:
+    case BACKEND_OP_MUL:
+        s.dst = slice(&op->dst, dim, i0, n);
+        s.src[0] = slice(&op->src[0], dim, i0, n);
+        if (op->src[1].ne[dim] != 1) s.src[1] = slice(&op->src[1], dim, i0, n);
+        break;
+    case BACKEND_OP_ROPE_NEOX:
+        s.dst = slice(&op->dst, dim, i0, n);
+        s.src[0] = slice(&op->src[0], dim, i0, n);
+        if (dim == 2) s.src[1] = slice(&op->src[1], 0, i0, n);
+        break;
+    case BACKEND_OP_SET_ROWS:
+        s.src[0] = slice(&op->src[0], 1, i0, n);
+        s.src[1] = slice(&op->src[1], 0, i0, n);
+        break;
+    case BACKEND_OP_GET_ROWS:
+        s.dst = slice(&op->dst, 1, i0, n);
+        s.src[1] = slice(&op->src[1], 0, i0, n);
+        break;
+    case BACKEND_OP_ARGMAX:
+        s.src[0] = slice(&op->src[0], 1, i0, n);
+        s.dst = slice(&op->dst, 0, i0, n);
+        break;
+    default:
+        DFL_ASSERT(0 && "slice_op: kind");
+    }
+    return s;
+}
+
+typedef struct split_job {
+    const backend_op *op;
+    int dim;
+    int64_t n;
+} split_job;
+
+static void split_fn(void *ctx, int ith, int nth) {
+    const split_job *job = ctx;
+    const int64_t i0 = job->n * ith / nth, i1 = job->n * (ith + 1) / nth;
+    if (i1 <= i0) return;
+    backend_op s = slice_op(job->op, job->dim, i0, i1 - i0);
+    cpu_op_ref(&s);
+}
+
+static void exec_light(cpu_backend *be, const backend_op *op) {
+    split_job job = {op, 1, 1};
+    job.dim = split_dim(op, &job.n);
+    const tensor *big = op->kind == BACKEND_OP_SET_ROWS || op->kind == BACKEND_OP_ARGMAX ? &op->src[0] : &op->dst;
+    int nth = cpu_pool_size(be->pool);
+    if (nth > be->n_threads_batch) nth = be->n_threads_batch;
+    if (tensor_nelements(big) < 65536 || job.n < 2) nth = 1;
+    if (nth > job.n) nth = (int)job.n;
+    if (nth == 1) {
+        cpu_op_ref(op);
+        return;
+    }
+    cpu_pool_run(be->pool, nth, split_fn, &job);
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+typedef struct attn_job {
+    const backend_op *op;
+    const cpu_kernels *k;
+    float *scratch; /* per thread: [n_kv] scores + [hd] q + [hd_v] acc, 16-float aligned */
+    size_t per_thread;
+} attn_job;
+
+static float dot_f32(const float *x, const float *y, int64_t n) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += x[i] * y[i];
+    return sum;
+}
+
+static void attn_fn(void *ctx, int ith, int nth) {
+    const attn_job *job = ctx;
+    const backend_op *op = job->op;
+    const tensor *q = &op->src[0], *k = &op->src[1], *v = &op->src[2], *mask = &op->src[3], *d = &op->dst;
+    const int64_t hd = q->ne[0], nh = q->ne[1], nq = q->ne[2];
+    const int64_t nh_kv = k->ne[1], n_kv = k->ne[2], hd_v = v->ne[0];
+    const int64_t group = nh / nh_kv;
+    const float scale = op->f[0] != 0.0f ? op->f[0] : 1.0f / sqrtf((float)hd);
+    float *s = job->scratch + job->per_thread * (size_t)ith;
+    float *qv = s + ((n_kv + 15) & ~(int64_t)15);
+    float *acc = qv + ((hd + 15) & ~(int64_t)15);
+    const bool k16 = k->type == QUANT_TYPE_F16, v16 = v->type == QUANT_TYPE_F16;
+
+    const int64_t n_items = nq * nh;
+    const int64_t it0 = n_items * ith / nth, it1 = n_items * (ith + 1) / nth;
+    for (int64_t it = it0; it < it1; it++) {
+        const int64_t iq = it / nh, h = it % nh, hk = h / group;
+        const float *mrow = (const float *)((const char *)mask->data + (size_t)iq * mask->nb[1]);
+        const float *qr = (const float *)((const char *)q->data + (size_t)h * q->nb[1] + (size_t)iq * q->nb[2]);
+        for (int64_t i = 0; i < hd; i++) qv[i] = k16 ? fp16_to_fp32(fp32_to_fp16(qr[i])) : qr[i];
+        const char *kbase = (const char *)k->data + (size_t)hk * k->nb[1];
+        for (int64_t j = 0; j < n_kv; j++) {
+            if (mrow[j] == -INFINITY) {
+                s[j] = -INFINITY;
+                continue;
+            }
+            const void *kr = kbase + (size_t)j * k->nb[2];
+            const float dot = k16 ? job->k->dot_f16(qv, kr, hd) : dot_f32(qv, kr, hd);
+            s[j] = dot * scale + mrow[j];
+        }
+        cpu_softmax_row_ref(s, s, n_kv);
+        memset(acc, 0, (size_t)hd_v * sizeof(float));
+        const char *vbase = (const char *)v->data + (size_t)hk * v->nb[1];
+        for (int64_t j = 0; j < n_kv; j++) {
+            if (s[j] == 0.0f) continue;
+            const void *vr = vbase + (size_t)j * v->nb[2];
+            if (v16) {
+                job->k->axpy_f16(acc, fp16_to_fp32(fp32_to_fp16(s[j])), vr, hd_v);
+            } else {
+                const float *vf = vr;
+                for (int64_t i = 0; i < hd_v; i++) acc[i] += s[j] * vf[i];
+            }
+        }
+        float *dr = (float *)((char *)d->data + (size_t)h * d->nb[1] + (size_t)iq * d->nb[2]);
+        memcpy(dr, acc, (size_t)hd_v * sizeof(float));
+    }
+}
+
+static void exec_attention(cpu_backend *be, const backend_op *op) {
+    const tensor *q = &op->src[0], *k = &op->src[1], *v = &op->src[2];
+    const int64_t n_items = q->ne[1] * q->ne[2];
+    int nth = q->ne[2] == 1 ? be->n_threads : be->n_threads_batch;
+    if (nth > cpu_pool_size(be->pool)) nth = cpu_pool_size(be->pool);
+    if ((double)n_items * (double)k->ne[2] * (double)q->ne[0] < 65536.0) nth = 1;
+    if (nth > n_items) nth = (int)n_items;
+    attn_job job;
+    job.op = op;
+    job.k = &be->kernels;
+    job.per_thread = (size_t)((k->ne[2] + 15) & ~(int64_t)15) + (size_t)((q->ne[0] + 15) & ~(int64_t)15) +
+                     (size_t)((v->ne[0] + 15) & ~(int64_t)15);
+    job.scratch = cpu_scratch(be, job.per_thread * (size_t)nth * sizeof(float));
+    cpu_pool_run(be->pool, nth, attn_fn, &job);
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+void cpu_exec_op(cpu_backend *be, const backend_op *op) {
+    pthread_mutex_lock(&be->exec_mu);
+    switch (op->kind) {
+    case BACKEND_OP_MATMUL: cpu_op_matmul(be, op); break;
+    case BACKEND_OP_ATTENTION: exec_attention(be, op); break;
+    case BACKEND_OP_WRITE: memcpy(op->dst.data, op->host, op->size); break;
+    case BACKEND_OP_READ: memcpy(op->host, op->src[0].data, op->size); break;
+    default: exec_light(be, op); break;
+    }
+    pthread_mutex_unlock(&be->exec_mu);
+}

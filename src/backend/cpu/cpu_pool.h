@@ -1,0 +1,22 @@
+/* cpu_pool.h: a persistent thread pool, created once with the CPU backend. A job is a function run
+ * by nth threads (the calling thread is thread 0); workers spin briefly between jobs, then sleep
+ * on a condition variable. Jobs from several threads are serialized by the caller (cpu backend's
+ * exec lock); the pool itself runs one job at a time. */
+#ifndef DFL_BACKEND_CPU_POOL_H
+#define DFL_BACKEND_CPU_POOL_H
+
+#include "dflash.h"
+
+typedef struct cpu_pool cpu_pool;
+
+/* ith in [0, nth): this thread's index. */
+typedef void (*cpu_pool_fn)(void *ctx, int ith, int nth);
+
+/* A pool of n_threads threads (n_threads - 1 workers plus the caller). NULL + err on failure. */
+cpu_pool *cpu_pool_new(int n_threads, dfl_error *err);
+void cpu_pool_free(cpu_pool *pool);
+int cpu_pool_size(const cpu_pool *pool);
+/* Runs fn(ctx, ith, nth) on nth threads (1 <= nth <= size) and returns when all are done. */
+void cpu_pool_run(cpu_pool *pool, int nth, cpu_pool_fn fn, void *ctx);
+
+#endif

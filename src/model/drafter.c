@@ -1,0 +1,215 @@
+/* drafter.c: the DFlash drafter forward (SPEC section 3), over the same per-layer code as the
+ * target (forward_common.c):
+ *
+ *   inject (per committed target token at position p, features f_raw[p] = [x_L0 | x_L1 | ...]):
+ *     f = rmsnorm(fc f_raw) * enc_output_norm                          [n_embd]
+ *     per draft layer j: K/V cache_j[p] = rope(rmsnorm_per_head(Wk_j f) * k_norm_j, p), Wv_j f
+ *                        (the fused feature does NOT pass through attn_norm)
+ *   draft (per sequence, start = its context length):
+ *     x = token_embd[last, MASK x (B-1)] at positions start .. start+B-1
+ *     per draft layer: a Qwen3 block whose attention is NON-causal over cells [0, start+B)
+ *     logits = output(rmsnorm(x[1..B-1]) * output_norm)   -> argmax = draft tokens
+ *     drop the block's K/V (keep positions < start)                                          */
+#include "model/context.h"
+#include "model/forward_common.h"
+#include "base/error.h"
+
+#include <math.h>
+#include <string.h>
+
+static tensor vec_head(const tensor *t, int64_t n) {
+    tensor v = *t;
+    v.ne[0] = n;
+    return v;
+}
+
+/* Validation limits of an injection batch. */
+static void inject_limits(const dfl_context *d, const dfl_batch *b, batch_limits *lim) {
+    memset(lim, 0, sizeof(*lim));
+    lim->n_vocab = d->n_vocab;
+    lim->n_embd = d->model->hp.n_target_layers * d->n_embd;
+    lim->n_pos_sections = b->n_pos_sections;
+    lim->n_seq = d->kv.n_seq;
+    lim->n_ctx = d->kv.n_ctx - d->model->hp.block_size; /* keep room for the block */
+    lim->n_batch = d->params.n_batch;
+    lim->n_rows_available = d->target != NULL ? d->target->n_batch_last : 0;
+    lim->seq_len = d->kv.seq_len;
+}
+
+dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err) {
+    batch_limits lim;
+    inject_limits(d, batch, &lim);
+    dfl_status st = batch_validate(batch, &lim, err);
+    if (st != DFL_OK) return st;
+    for (int64_t i = 0; i < batch->n_tokens; i++) {
+        if (batch->embd_row[i] < 0 && !batch->has_embd[i]) {
+            return error_set(err, DFL_ERR_INVALID, "drafter batch entry %lld carries no features (embedding or embd row)",
+                             (long long)i);
+        }
+    }
+    const dfl_hparams *hp = &d->model->hp;
+    const int64_t width = hp->n_target_layers * d->n_embd;
+    backend_queue *q = d->queue;
+    ctx_scratch *s = &d->s;
+    dfl_context *t = d->target;
+    const bool rows = batch->embd_row[0] >= 0;
+    if (rows && !t->feat_device) {
+        return error_set(err, DFL_ERR_INVALID, "drafter batch: embd rows need the target's feature buffer (%s)", t->feat_note);
+    }
+    context_sync_pending(d); /* the host staging arrays are about to be rewritten */
+    /*
+     * The feature buffer protocol (SPEC section 4), drafter side:
+     *   1. wait for the target's `written` event before the reads are enqueued: on the host
+     *      (default: a device-side wait would stall this queue for the whole target batch) or on
+     *      this queue (wait_on_device);
+     *   2. gather the rows (get_rows), fuse, inject K/V: all on this queue;
+     *   3. record `read` on this queue: the target's next batch waits for it before it
+     *      overwrites the rows.
+     */
+    if (rows) {
+#ifdef DFL_TEST_HOOKS
+        if (!(t->test_faults & CTX_FAULT_SKIP_WRITTEN_WAIT))
+#endif
+        {
+            if (d->wait_on_device) backend_queue_wait_event(q, t->ev_written);
+            else backend_event_synchronize(t->ev_written);
+        }
+    }
+    int64_t cursor = 0;
+    batch_ubatch ub;
+    while (batch_split(batch, d->n_ub, &cursor, &ub)) {
+        const int64_t n = ub.n_tokens;
+        const int64_t n_groups = fwd_plan_groups(d, &ub, false);
+        (void)n_groups;
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t e = d->h_perm[r];
+            d->h_pos[r] = ub.pos[e * ub.n_pos_sections];
+            d->h_cells[r] = kv_cell(&d->kv, ub.seq_id[e], ub.pos[e * ub.n_pos_sections]);
+            d->h_erow[r] = ub.embd_row[e];
+            d->h_ids[r] = 0;
+            d->h_bidx[r] = ub.i0 + e;
+            d->h_rows[r] = 0;
+        }
+        op_write(q, vec_head(&s->pos, n), d->h_pos, (size_t)n * sizeof(int32_t));
+        op_write(q, vec_head(&s->cells, n), d->h_cells, (size_t)n * sizeof(int64_t));
+        /* raw features [width, n] in work order */
+        tensor f_raw = tensor_rows(&s->feat_in, 0, n);
+        if (ub.has_embd_rows) {
+            /* device path: gather rows of the target's feature buffer in place */
+            op_write(q, vec_head(&s->erow, n), d->h_erow, (size_t)n * sizeof(int32_t));
+            op_get_rows(q, f_raw, d->target->feat, vec_head(&s->erow, n));
+        } else {
+            for (int64_t r = 0; r < n; r++) {
+                memcpy(d->h_feat + r * width, ub.embd + d->h_perm[r] * ub.n_embd, (size_t)width * sizeof(float));
+            }
+            op_write(q, f_raw, d->h_feat, (size_t)width * (size_t)n * sizeof(float));
+        }
+        /* f = rmsnorm(fc f_raw) * enc_output_norm   [n_embd, n] */
+        tensor f = tensor_rows(&s->h, 0, n);
+        op_matmul(q, f, d->w.fc, f_raw);
+        op_rmsnorm(q, f, f, &d->w.enc_norm, hp->norm_eps);
+        for (int64_t il = 0; il < hp->n_layer; il++) fwd_write_kv(d, il, f, n);
+        for (int64_t e = 0; e < n; e++) d->kv.seq_len[ub.seq_id[e]]++;
+        if (cursor < batch->n_tokens) backend_queue_synchronize(q); /* staging arrays reused */
+    }
+    if (rows) {
+        backend_event_record(t->ev_read, q);
+        t->read_recorded = true;
+    }
+    d->pending = true;
+    return DFL_OK;
+}
+
+dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, const int32_t *last, int32_t n_draft,
+                         int32_t *out, float *logits_out, dfl_error *err) {
+    const dfl_hparams *hp = &d->model->hp;
+    const int64_t B = hp->block_size;
+    if (n_active <= 0 || n_active > d->kv.n_seq) {
+        return error_set(err, DFL_ERR_INVALID, "draft: %d sequences (expected 1..%lld)", n_active, (long long)d->kv.n_seq);
+    }
+    if (n_draft < 1 || n_draft > B - 1) {
+        return error_set(err, DFL_ERR_INVALID, "draft length %d is outside 1..%lld (block_size - 1)", n_draft,
+                         (long long)(B - 1));
+    }
+    for (int32_t i = 0; i < n_active; i++) {
+        if (seqs[i] < 0 || seqs[i] >= d->kv.n_seq) {
+            return error_set(err, DFL_ERR_INVALID, "draft: sequence id %d is out of range", seqs[i]);
+        }
+        for (int32_t j = 0; j < i; j++) {
+            if (seqs[j] == seqs[i]) return error_set(err, DFL_ERR_INVALID, "draft: sequence %d listed twice", seqs[i]);
+        }
+        if (last[i] < 0 || last[i] >= d->n_vocab) {
+            return error_set(err, DFL_ERR_INVALID, "draft: token %d is outside the vocabulary", last[i]);
+        }
+        if (d->kv.seq_len[seqs[i]] + B > d->kv.n_ctx) {
+            return error_set(err, DFL_ERR_CTX_FULL, "draft: sequence %d has no room for a block of %lld", seqs[i],
+                             (long long)B);
+        }
+    }
+    context_sync_pending(d);
+    /* the block as a micro-batch: sequence i's slots are entries [i*B, (i+1)*B) */
+    const int64_t n = (int64_t)n_active * B;
+    for (int32_t i = 0; i < n_active; i++) {
+        const int64_t start = d->kv.seq_len[seqs[i]];
+        for (int64_t k = 0; k < B; k++) {
+            const int64_t e = i * B + k;
+            d->blk_tok[e] = k == 0 ? last[i] : (int32_t)hp->mask_token_id;
+            d->blk_pos[e] = (int32_t)(start + k);
+            d->blk_seq[e] = seqs[i];
+            d->blk_out[e] = k >= 1 && k <= n_draft;
+        }
+    }
+    batch_ubatch ub;
+    memset(&ub, 0, sizeof(ub));
+    ub.n_tokens = n;
+    ub.n_pos_sections = 1;
+    ub.token = d->blk_tok;
+    ub.pos = d->blk_pos;
+    ub.seq_id = d->blk_seq;
+    ub.output = d->blk_out;
+    const int64_t n_groups = fwd_plan_groups(d, &ub, !hp->causal);
+    int64_t n_out = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t e = d->h_perm[r];
+        d->h_ids[r] = d->blk_tok[e];
+        d->h_pos[r] = d->blk_pos[e];
+        d->h_cells[r] = kv_cell(&d->kv, d->blk_seq[e], d->blk_pos[e]);
+        d->h_bidx[r] = e;
+    }
+    for (int64_t e = 0; e < n; e++) {
+        if (!d->blk_out[e]) continue;
+        for (int64_t r = 0; r < n; r++) {
+            if (d->h_perm[r] == e) {
+                d->h_rows[n_out++] = (int32_t)r;
+                break;
+            }
+        }
+    }
+    fwd_upload_inputs(d, n, n_groups);
+    backend_queue *q = d->queue;
+    ctx_scratch *s = &d->s;
+    tensor x = tensor_rows(&s->x, 0, n);                               /* [n_embd, n] */
+    fwd_embed_inputs(d, &ub, &d->w.token_embd, x, n);
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        fwd_attention_block(d, il, x, n, n_groups);
+        fwd_ffn_block(d, il, x, n);
+    }
+    /* head on slots 1..n_draft of every block, in entry order: row i*n_draft + (k-1) */
+    tensor rows = vec_head(&s->rows, n_out);
+    tensor x_out = tensor_rows(&s->x_out, 0, n_out);                  /* [n_embd, n_out] */
+    op_get_rows(q, x_out, x, rows);
+    op_rmsnorm(q, x_out, x_out, &d->w.output_norm, hp->norm_eps);
+    tensor logits = tensor_rows(&s->logits, 0, n_out);                /* [n_vocab, n_out] */
+    op_matmul(q, logits, d->w.output, x_out);
+    if (d->model_dflash_logit_scale != 1.0f) op_scale(q, logits, logits, d->model_dflash_logit_scale);
+    tensor amax = vec_head(&s->ids, n_out);                           /* [n_out] i32 */
+    op_argmax(q, amax, logits);
+    op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
+    if (logits_out != NULL) {
+        op_read(q, logits_out, logits, (size_t)n_out * (size_t)d->n_vocab * sizeof(float));
+    }
+    backend_queue_synchronize(q);
+    d->pending = false;
+    /* the block's K/V are dropped: seq_len was never advanced past start */
+    return DFL_OK;
+}

@@ -1,0 +1,348 @@
+/* spec.c: the DFlash speculative state machine (SPEC section 3) over a target context and a
+ * drafter context. Several sequences advance together: one drafter pass drafts a block for
+ * every active sequence, one target batch verifies them all. */
+#include "dflash.h"
+#include "base/error.h"
+#include "batch/batch.h"
+#include "model/context.h"
+#include "sample/sampler.h"
+#include "sample/spec_verify.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct dfl_spec {
+    dfl_context *tgt;
+    dfl_context *dft;
+    dfl_spec_params params;
+    int32_t n_draft;        /* drafts per step */
+    int32_t n_seq;
+    int64_t n_vocab;
+    int64_t width;          /* n_tl * n_embd: floats of one token's raw features */
+    dfl_sampler *sampler;   /* the target's sampling transforms (temp > 0) */
+    int32_t *last;          /* [n_seq] committed token not yet in the target's cache, -1: idle */
+    int32_t *draft;         /* [n_seq, n_draft] */
+    dfl_batch *verify;      /* [n_seq * (n_draft+1)] token entries */
+    dfl_batch *inject;      /* drafter injection entries (features or rows) */
+    float *probs;           /* [n_draft+1, n_vocab] target distributions of one sequence (temp > 0) */
+    int64_t *vidx;          /* [n_seq] index of each sequence's first entry in the verify batch */
+    dfl_spec_stats stats;
+    dfl_feature_path path;  /* the path in use (a device request may fall back to host) */
+    char note[200];
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+dfl_spec_params dfl_spec_default_params(void) {
+    dfl_spec_params p;
+    memset(&p, 0, sizeof(p));
+    p.n_draft = 0;
+    p.temp = 0.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.features = DFL_FEATURES_DEVICE;
+    return p;
+}
+
+void dfl_spec_free(dfl_spec *s) {
+    if (s == NULL) return;
+    dfl_sampler_free(s->sampler);
+    dfl_batch_free(s->verify);
+    dfl_batch_free(s->inject);
+    free(s->last);
+    free(s->draft);
+    free(s->probs);
+    free(s->vidx);
+    free(s);
+}
+
+dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params *params, dfl_error *err) {
+    if (tgt == NULL || dft == NULL) {
+        error_set(err, DFL_ERR_INVALID, "dfl_spec_new: NULL context");
+        return NULL;
+    }
+    if (dft->target != tgt) {
+        error_set(err, DFL_ERR_INVALID, "dfl_spec_new: the drafter context was not created for this target context");
+        return NULL;
+    }
+    dfl_spec_params p = params ? *params : dfl_spec_default_params();
+    const dfl_hparams *dh = &dft->model->hp;
+    if (p.n_draft == 0) p.n_draft = (int32_t)(dh->block_size - 1);
+    if (p.n_draft < 1 || p.n_draft > dh->block_size - 1) {
+        error_set(err, DFL_ERR_INVALID, "draft length %d is outside 1..%lld (the drafter's block_size %lld - 1)", p.n_draft,
+                  (long long)(dh->block_size - 1), (long long)dh->block_size);
+        return NULL;
+    }
+    const int32_t n_seq = dfl_n_seq(dft) < dfl_n_seq(tgt) ? dfl_n_seq(dft) : dfl_n_seq(tgt);
+    const int64_t n_verify = (int64_t)n_seq * (p.n_draft + 1);
+    if (n_verify > tgt->params.n_batch || n_verify > tgt->n_out_max) {
+        error_set(err, DFL_ERR_INVALID, "a verification batch of %d sequences x %d tokens needs n_batch and n_outputs >= "
+                  "%lld in the target context (have %lld and %lld)", n_seq, p.n_draft + 1, (long long)n_verify,
+                  (long long)tgt->params.n_batch, (long long)tgt->n_out_max);
+        return NULL;
+    }
+    dfl_spec *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        error_set(err, DFL_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    s->tgt = tgt;
+    s->dft = dft;
+    s->params = p;
+    s->n_draft = p.n_draft;
+    s->n_seq = n_seq;
+    s->n_vocab = tgt->n_vocab;
+    s->width = dh->n_target_layers * dh->n_embd;
+    dfl_sampler_params sp = dfl_sampler_default_params();
+    sp.temp = p.temp;
+    sp.top_k = p.top_k;
+    sp.top_p = p.top_p;
+    sp.min_p = p.min_p;
+    sp.repeat_penalty = 1.0f;
+    sp.repeat_last_n = 0;
+    sp.seed = p.seed;
+    s->sampler = dfl_sampler_new(&sp, s->n_vocab, err);
+    s->last = malloc((size_t)n_seq * sizeof(int32_t));
+    s->draft = calloc((size_t)n_seq * (size_t)p.n_draft, sizeof(int32_t));
+    s->vidx = calloc((size_t)n_seq, sizeof(int64_t));
+    s->verify = dfl_batch_init(n_verify, 0, 1, err);
+    const int64_t n_inject = tgt->params.n_batch > n_verify ? tgt->params.n_batch : n_verify;
+    /* the feature path: the device buffer unless asked otherwise or impossible */
+    s->path = p.features;
+    snprintf(s->note, sizeof(s->note), "%s", p.features == DFL_FEATURES_HOST ? "host copies requested" : "device buffer");
+    if (s->path == DFL_FEATURES_DEVICE && !dfl_context_has_feature_buffer(tgt)) {
+        s->path = DFL_FEATURES_HOST;
+        snprintf(s->note, sizeof(s->note), "fallback to host copies: %s", dfl_context_feature_buffer_note(tgt));
+    } else if (s->path == DFL_FEATURES_DEVICE && dft->be != tgt->be &&
+               !(backend_get_caps(dft->be).host_visible && backend_get_caps(tgt->be).host_visible)) {
+        s->path = DFL_FEATURES_HOST;
+        snprintf(s->note, sizeof(s->note), "fallback to host copies: the drafter's backend cannot read the target's buffer");
+    }
+    dft->wait_on_device = p.wait == DFL_WAIT_DEVICE;
+    s->inject = dfl_batch_init(n_inject, s->path == DFL_FEATURES_HOST ? s->width : 0, 1, err);
+    if (p.temp > 0.0f) s->probs = malloc((size_t)(p.n_draft + 1) * (size_t)s->n_vocab * sizeof(float));
+    if (s->sampler == NULL || s->last == NULL || s->draft == NULL || s->vidx == NULL || s->verify == NULL ||
+        s->inject == NULL || (p.temp > 0.0f && s->probs == NULL)) {
+        error_set(err, DFL_ERR_NOMEM, "out of memory creating the speculative session");
+        dfl_spec_free(s);
+        return NULL;
+    }
+    for (int32_t i = 0; i < n_seq; i++) s->last[i] = -1;
+    /* the device path reads the target's feature buffer in place: no host copy of features */
+    tgt->features_to_host = s->path == DFL_FEATURES_HOST && tgt->feat_device;
+    return s;
+}
+
+int32_t dfl_spec_n_draft(const dfl_spec *s) { return s->n_draft; }
+dfl_spec_stats dfl_spec_get_stats(const dfl_spec *s) { return s->stats; }
+const char *dfl_spec_feature_path_name(const dfl_spec *s) { return s->path == DFL_FEATURES_HOST ? "host" : "device"; }
+const char *dfl_spec_feature_note(const dfl_spec *s) { return s->note; }
+
+void dfl_spec_seq_reset(dfl_spec *s, int32_t seq) {
+    if (seq < 0 || seq >= s->n_seq) return;
+    dfl_seq_remove(s->tgt, seq, 0, NULL);
+    dfl_seq_remove(s->dft, seq, 0, NULL);
+    s->last[seq] = -1;
+}
+
+/* Feeds the drafter the features of entries [i0, i0 + n) of the target's last batch, which
+ * belong to `seq` at consecutive positions from the drafter's current length. */
+static dfl_status inject_rows(dfl_spec *s, int32_t seq, int64_t i0, int64_t n, dfl_error *err) {
+    const double t0 = now_ms();
+    const int64_t cap = s->dft->params.n_batch < s->inject->n_tokens_max ? s->dft->params.n_batch : s->inject->n_tokens_max;
+    for (int64_t off = 0; off < n; off += cap) {
+        const int64_t m = n - off < cap ? n - off : cap;
+        dfl_batch_clear(s->inject);
+        int64_t p0 = dfl_seq_len(s->dft, seq);
+        for (int64_t k = 0; k < m; k++) {
+            const int32_t pos = (int32_t)(p0 + k);
+            const int64_t row = i0 + off + k;
+            if (s->path == DFL_FEATURES_HOST) {
+                dfl_batch_add_embd(s->inject, dfl_get_features(s->tgt, row), &pos, seq, false);
+            } else {
+                dfl_batch_add_embd_row(s->inject, (int32_t)row, &pos, seq, false);
+            }
+        }
+        dfl_status st = drafter_inject(s->dft, s->inject, err);
+        if (st != DFL_OK) return st;
+    }
+    s->stats.t_inject_ms += now_ms() - t0;
+    return DFL_OK;
+}
+
+/* Argmax of a row, lowest id on ties. */
+static int32_t argmax_row(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++) {
+        if (x[i] > x[best]) best = i;
+    }
+    return (int32_t)best;
+}
+
+dfl_status dfl_spec_prefill(dfl_spec *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int32_t *first,
+                            dfl_error *err) {
+    if (seq < 0 || seq >= s->n_seq) return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d is out of range", seq);
+    if (n_prompt < 1 || prompt == NULL) return error_set(err, DFL_ERR_INVALID, "prefill: the prompt is empty");
+    if (dfl_seq_len(s->tgt, seq) != 0 || dfl_seq_len(s->dft, seq) != 0) {
+        return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d is not empty (reset it first)", seq);
+    }
+    const int64_t room = dfl_n_ctx(s->tgt) - (s->n_draft + 1);
+    if (n_prompt > room) {
+        return error_set(err, DFL_ERR_CTX_FULL, "prompt of %lld tokens does not fit the context (%lld positions, %d kept "
+                         "free for a verification block)", (long long)n_prompt, (long long)dfl_n_ctx(s->tgt), s->n_draft + 1);
+    }
+    for (int64_t i = 0; i < n_prompt; i++) {
+        if (prompt[i] < 0 || prompt[i] >= s->n_vocab) {
+            return error_set(err, DFL_ERR_INVALID, "prompt token %lld = %d is outside the vocabulary (%lld)", (long long)i,
+                             prompt[i], (long long)s->n_vocab);
+        }
+    }
+    const double t0 = now_ms();
+    const int64_t chunk = s->tgt->params.n_batch;
+    dfl_batch *b = s->inject; /* reused as the prompt chunk batch only when it has no embeddings */
+    dfl_batch *pb = dfl_batch_init(chunk, 0, 1, err);
+    if (pb == NULL) return err ? err->code : DFL_ERR_NOMEM;
+    (void)b;
+    dfl_status st = DFL_OK;
+    int32_t tok = -1;
+    for (int64_t off = 0; off < n_prompt && st == DFL_OK; off += chunk) {
+        const int64_t m = n_prompt - off < chunk ? n_prompt - off : chunk;
+        dfl_batch_clear(pb);
+        for (int64_t k = 0; k < m; k++) {
+            const int32_t pos = (int32_t)(off + k);
+            dfl_batch_add_token(pb, prompt[off + k], &pos, seq, off + k == n_prompt - 1);
+        }
+        st = dfl_decode(s->tgt, pb, err);
+        if (st == DFL_OK) st = inject_rows(s, seq, 0, m, err);
+        if (st == DFL_OK && off + m == n_prompt) {
+            const float *lg = dfl_get_logits(s->tgt, m - 1);
+            tok = dfl_sampler_sample(s->sampler, lg);
+            if (tok < 0) st = error_set(err, DFL_ERR_INVALID, "prefill: the target's logits are not finite");
+        }
+    }
+    dfl_batch_free(pb);
+    if (st != DFL_OK) {
+        dfl_spec_seq_reset(s, seq);
+        return st;
+    }
+    s->last[seq] = tok;
+    *first = tok;
+    s->stats.t_prefill_ms += now_ms() - t0;
+    s->stats.n_prefill_tokens += n_prompt;
+    return DFL_OK;
+}
+
+/*
+ * One speculative step for n sequences:
+ *   1. draft: one drafter pass decodes the block [last, MASK x (B-1)] of every sequence
+ *      (non-causal over its injected context) -> n_draft tokens d_1..d_k per sequence;
+ *   2. verify: one target batch of [last, d_1..d_k] per sequence at positions start..start+k,
+ *      logits at every entry, layer inputs captured;
+ *   3. accept: a = the longest prefix with d_{i+1} == argmax(logits_i) (greedy), or the
+ *      rejection rule at temperature > 0; commit d_1..d_a and the bonus token;
+ *   4. roll back the target: remove positions >= start + a + 1 (the bonus is not yet cached);
+ *   5. feed the drafter the features of positions start .. start+a from this verify batch
+ *      (never the bonus position); the drafter's block K/V were already dropped;
+ *   6. last = bonus; start += a + 1.
+ */
+dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
+                         dfl_error *err) {
+    const int32_t k = s->n_draft;
+    if (n < 1 || n > s->n_seq) return error_set(err, DFL_ERR_INVALID, "step: %d sequences (expected 1..%d)", n, s->n_seq);
+    for (int32_t i = 0; i < n; i++) {
+        if (seqs[i] < 0 || seqs[i] >= s->n_seq || s->last[seqs[i]] < 0) {
+            return error_set(err, DFL_ERR_INVALID, "step: sequence %d is out of range or not prefilled", seqs[i]);
+        }
+        if (dfl_seq_len(s->tgt, seqs[i]) + k + 1 > dfl_n_ctx(s->tgt)) {
+            return error_set(err, DFL_ERR_CTX_FULL, "step: sequence %d is full (%lld of %lld positions)", seqs[i],
+                             (long long)dfl_seq_len(s->tgt, seqs[i]), (long long)dfl_n_ctx(s->tgt));
+        }
+    }
+    int32_t last_of[256];
+    for (int32_t i = 0; i < n; i++) last_of[i] = s->last[seqs[i]];
+
+    /* 1. draft */
+    double t0 = now_ms();
+    dfl_status st = drafter_draft(s->dft, n, seqs, last_of, k, s->draft, NULL, err);
+    if (st != DFL_OK) return st;
+    double t1 = now_ms();
+    s->stats.t_draft_ms += t1 - t0;
+    if (s->params.draft_hook != NULL) {
+        for (int32_t i = 0; i < n; i++) {
+            int32_t *d = s->draft + (size_t)i * (size_t)k;
+            s->params.draft_hook(s->params.draft_hook_user, seqs[i], d, k);
+            for (int32_t j = 0; j < k; j++) {
+                if (d[j] < 0 || d[j] >= s->n_vocab) {
+                    return error_set(err, DFL_ERR_INVALID, "draft hook: token %d is outside the vocabulary", d[j]);
+                }
+            }
+        }
+    }
+
+    /* 2. verify */
+    dfl_batch_clear(s->verify);
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t start = dfl_seq_len(s->tgt, seqs[i]);
+        s->vidx[i] = s->verify->n_tokens;
+        for (int32_t j = 0; j <= k; j++) {
+            const int32_t pos = (int32_t)(start + j);
+            const int32_t tok = j == 0 ? last_of[i] : s->draft[i * k + (j - 1)];
+            dfl_batch_add_token(s->verify, tok, &pos, seqs[i], true);
+        }
+    }
+    st = dfl_decode(s->tgt, s->verify, err);
+    if (st != DFL_OK) return st;
+    double t2 = now_ms();
+    s->stats.t_verify_ms += t2 - t1;
+
+    /* 3-6 per sequence */
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t seq = seqs[i];
+        const int32_t *d = s->draft + (size_t)i * (size_t)k;
+        const int64_t start = dfl_seq_len(s->tgt, seq) - (k + 1);
+        int64_t a = 0;
+        int32_t next = -1;
+        if (s->params.temp <= 0.0f) {
+            while (a < k && d[a] == argmax_row(dfl_get_logits(s->tgt, s->vidx[i] + a), s->n_vocab)) a++;
+            next = argmax_row(dfl_get_logits(s->tgt, s->vidx[i] + a), s->n_vocab);
+        } else {
+            for (int32_t j = 0; j <= k; j++) {
+                st = sampler_probs(s->sampler, dfl_get_logits(s->tgt, s->vidx[i] + j), s->probs + (size_t)j * (size_t)s->n_vocab,
+                                   err);
+                if (st != DFL_OK) return st;
+            }
+            spec_verify_result res;
+            st = spec_verify(s->n_vocab, k, d, NULL, s->probs, sampler_rng(s->sampler), &res, err);
+            if (st != DFL_OK) return st;
+            a = res.n_accepted;
+            next = res.next_token;
+        }
+        for (int64_t j = 0; j < a; j++) tokens[(size_t)i * (size_t)(k + 1) + (size_t)j] = d[j];
+        tokens[(size_t)i * (size_t)(k + 1) + (size_t)a] = next;
+        n_tokens[i] = (int32_t)(a + 1);
+        /* 4. target rollback: keep last, d_1..d_a */
+        dfl_seq_remove(s->tgt, seq, start + a + 1, NULL);
+        s->last[seq] = next;
+        s->stats.n_steps++;
+        s->stats.n_drafted += k;
+        s->stats.n_accepted += a;
+        s->stats.accept_hist[a]++;
+    }
+    double t3 = now_ms();
+    s->stats.t_other_ms += t3 - t2;
+    /* 5. drafter context: features of [last, d_1..d_a] from this verify batch */
+    for (int32_t i = 0; i < n; i++) {
+        st = inject_rows(s, seqs[i], s->vidx[i], n_tokens[i], err);
+        if (st != DFL_OK) return st;
+    }
+    s->stats.feature_host_bytes = s->tgt->feature_host_bytes;
+    return DFL_OK;
+}

@@ -1,0 +1,64 @@
+/* bench_ops.c: `make bench-ops`: matmul throughput of the CPU backend on the Qwen3-0.6B shapes
+ * (weights read from memory: cycled copies > the caches, and cache-resident), 1 and 16 rows,
+ * in GB/s of weights and G(int)op/s, next to the machine limits given on the command line.
+ * Usage: bench_ops [n_threads (2)] [mem_GBps (34)] [int8_TOPS (1.87)] [n_shapes (all)] */
+#include "backend/backend.h"
+#include "backend/cpu/cpu_bench.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int main(int argc, char **argv) {
+    const int nt = argc > 1 ? atoi(argv[1]) : 2;
+    const double mem = argc > 2 ? atof(argv[2]) : 34.0;
+    const double tops = argc > 3 ? atof(argv[3]) : 1.87;
+    backend_cpu_params p = backend_cpu_default_params();
+    p.n_threads = nt;
+    p.n_threads_batch = nt;
+    dfl_error err;
+    memset(&err, 0, sizeof(err));
+    backend *be = backend_cpu_new(&p, &err);
+    if (be == NULL) {
+        fprintf(stderr, "bench_ops: %s\n", err.msg);
+        return 1;
+    }
+    backend_caps caps = backend_get_caps(be);
+    printf("cpu backend, %d threads, features 0x%x; limits: memory %.1f GB/s, int8 %.2f TOPS\n", nt, caps.cpu_features,
+           mem, tops);
+    printf("%-6s %-16s %5s %-5s %9s %9s %9s %8s %7s %8s\n", "type", "shape", "rows", "mem", "ms", "ms min", "GB/s",
+           "%mem", "GOP/s", "x 1 row");
+    struct { uint32_t type; int64_t n_in, n_out; } shapes[] = {
+        {QUANT_TYPE_Q8_0, 1024, 3072}, {QUANT_TYPE_Q8_0, 3072, 1024}, {QUANT_TYPE_Q8_0, 1024, 151936},
+        {QUANT_TYPE_Q4_0, 1024, 3072}, {QUANT_TYPE_Q4_K, 1024, 3072}, {QUANT_TYPE_Q6_K, 1024, 3072},
+        {QUANT_TYPE_F16, 1024, 3072},  {QUANT_TYPE_BF16, 1024, 3072}, {QUANT_TYPE_F32, 1024, 3072},
+    };
+    const size_t n_shapes = argc > 4 ? (size_t)atoi(argv[4]) : sizeof(shapes) / sizeof(shapes[0]);
+    for (size_t s = 0; s < n_shapes; s++) {
+        for (int cold = 1; cold >= 0; cold--) {
+            if (!cold && shapes[s].n_out > 100000) continue; /* does not fit a cache anyway */
+            double ms1 = 0;
+            const int rows_list[3] = {1, 16, 64};
+            for (int ri = 0; ri < 3; ri++) {
+                const int64_t rows = rows_list[ri];
+                if (rows == 64 && (!cold || shapes[s].type != QUANT_TYPE_Q8_0)) continue;
+                backend_bench_result r;
+                const int iters = shapes[s].n_out > 100000 ? 15 : 60;
+                if (backend_bench_matmul(be, shapes[s].type, shapes[s].n_in, shapes[s].n_out, rows, iters, cold, &r,
+                                         &err) != DFL_OK) {
+                    fprintf(stderr, "bench_ops: %s\n", err.msg);
+                    backend_free(be);
+                    return 1;
+                }
+                if (rows == 1) ms1 = r.ms;
+                char shape[32];
+                snprintf(shape, sizeof(shape), "%lld->%lld", (long long)shapes[s].n_in, (long long)shapes[s].n_out);
+                printf("%-6s %-16s %5lld %-5s %9.3f %9.3f %9.1f %7.0f%% %7.0f %7.2fx\n",
+                       quant_type_get(shapes[s].type)->name, shape, (long long)rows, cold ? "cold" : "hot", r.ms, r.ms_min,
+                       r.gbps, 100.0 * r.gbps / mem, r.gops, r.ms / ms1);
+            }
+        }
+    }
+    backend_free(be);
+    return 0;
+}

@@ -1,0 +1,128 @@
+/* test_peer_llama.c: llama.cpp (node-llama-cpp 3.21.1, tests/peer/llama_load.mjs) loads the
+ * files `dflash make-test-model` writes: targets of every weight type generate tokens greedily,
+ * llama.cpp's BPE tokenizes a prompt into the test vocabulary's merged tokens, and the DFlash
+ * drafter loads. Skips when node or the npm package is missing. */
+#define _POSIX_C_SOURCE 200809L
+#include "test.h"
+#include "gguf/gguf.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PEER_SCRIPT "tests/peer/llama_load.mjs"
+
+static bool peer_available(test_ctx *t) {
+    char out[256];
+    if (test_run("command -v node", out, sizeof(out)) != 0) {
+        test_skip(t, "node is not installed (make deps)");
+        return false;
+    }
+    if (access("tests/peer/node_modules/node-llama-cpp/package.json", R_OK) != 0) {
+        test_skip(t, "tests/peer/node_modules/node-llama-cpp is missing (make deps)");
+        return false;
+    }
+    return true;
+}
+
+/* Id of the token whose text is `text` in the file's token list, or -1. */
+static long token_id(const gguf_file *f, const char *text) {
+    const gguf_kv *toks = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    if (toks == NULL) return -1;
+    for (uint64_t i = 0; i < toks->arr_n; i++) {
+        gguf_str s;
+        if (gguf_arr_str(toks, i, &s) && gguf_str_eq(s, text)) return (long)i;
+    }
+    return -1;
+}
+
+/* Parses the int array after `"key":[` in line; returns the count (up to cap), -1 if absent. */
+static int json_int_array(const char *line, const char *key, long *out, int cap) {
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\":[", key);
+    const char *p = strstr(line, pat);
+    if (p == NULL) return -1;
+    p += strlen(pat);
+    int n = 0;
+    while (*p && *p != ']') {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) return -1;
+        if (n < cap) out[n] = v;
+        n++;
+        p = end;
+        if (*p == ',') p++;
+    }
+    return *p == ']' ? n : -1;
+}
+
+TEST(peer_llama_generates_from_test_targets) {
+    if (!peer_available(t)) return;
+    /* target variants: weight type, output head, architecture */
+    const struct { const char *type; const char *extra; } variants[] = {
+        {"f32", "--tied"}, {"f16", "--untied"}, {"q8_0", "--untied"}, {"q4_0", "--untied"},
+        {"bf16", "--tied"}, {"q8_0", "--arch llama --untied"},
+    };
+    enum { NV = sizeof(variants) / sizeof(variants[0]) };
+    char dirs[NV][300];
+    char cmd[8192], out[16384];
+    size_t len = (size_t)snprintf(cmd, sizeof(cmd), "node %s", PEER_SCRIPT);
+    for (int i = 0; i < NV; i++) {
+        char name[32], sub[2048];
+        snprintf(name, sizeof(name), "m%d", i);
+        test_path(t, name, dirs[i], sizeof(dirs[i]));
+        snprintf(sub, sizeof(sub), "%s make-test-model -o %s --type %s %s --n-layer 2 --seed %d",
+                 test_cli_path(), dirs[i], variants[i].type, variants[i].extra, 11 + i);
+        int rc = test_run(sub, out, sizeof(out));
+        if (rc != 0) {
+            test_fail(t, __FILE__, __LINE__, "%s: %s", sub, out);
+            return;
+        }
+        len += (size_t)snprintf(cmd + len, sizeof(cmd) - len, " %s/target.gguf", dirs[i]);
+    }
+    snprintf(cmd + len, sizeof(cmd) - len, " --prompt ' the quick brown fox' --n 5");
+    int rc = test_run(cmd, out, sizeof(out));
+    CHECK_MSG(rc == 0, "node failed (%d): %s", rc, out);
+
+    /* the prompt must be tokenized into the vocabulary's merged word tokens */
+    char path[400];
+    snprintf(path, sizeof(path), "%s/target.gguf", dirs[0]);
+    dfl_error err = {0};
+    gguf_file *f = gguf_open(path, &err);
+    REQUIRE(f != NULL);
+    long want[4] = {token_id(f, "\xc4\xa0the"), token_id(f, "\xc4\xa0quick"), token_id(f, "\xc4\xa0" "brown"),
+                    token_id(f, "\xc4\xa0" "fox")};
+    gguf_close(f);
+    CHECK(want[0] >= 256 && want[1] >= 256 && want[2] >= 256 && want[3] >= 256);
+
+    int n_lines = 0;
+    for (char *line = strtok(out, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        if (strstr(line, "\"model\":") == NULL) continue;
+        n_lines++;
+        CHECK_MSG(strstr(line, "\"ok\":true") != NULL, "llama.cpp failed: %s", line);
+        long prompt[8], gen[8];
+        int np = json_int_array(line, "prompt", prompt, 8);
+        int ng = json_int_array(line, "generated", gen, 8);
+        CHECK_MSG(np == 4 && prompt[0] == want[0] && prompt[1] == want[1] && prompt[2] == want[2] &&
+                  prompt[3] == want[3], "prompt tokens differ from [%ld,%ld,%ld,%ld]: %s", want[0], want[1],
+                  want[2], want[3], line);
+        CHECK_MSG(ng == 5, "expected 5 generated tokens: %s", line);
+        for (int i = 0; i < ng && i < 8; i++) CHECK_MSG(gen[i] >= 0 && gen[i] < 1024, "bad token id: %s", line);
+    }
+    CHECK_EQ_INT(n_lines, NV);
+}
+
+TEST(peer_llama_loads_test_drafter) {
+    if (!peer_available(t)) return;
+    char dir[300], cmd[2048], out[8192];
+    test_path(t, "m", dir, sizeof(dir));
+    snprintf(cmd, sizeof(cmd), "%s make-test-model -o %s --type q8_0 --n-layer 3 --draft-layers 2 --target-layers 1,3",
+             test_cli_path(), dir);
+    REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
+    /* llama.cpp knows the dflash architecture: the drafter must load (its keys and every tensor
+     * name and shape accepted). A context of its own needs the target's (ctx_other), which the
+     * JS API does not offer, so only loading is checked. */
+    snprintf(cmd, sizeof(cmd), "node %s %s/drafter.gguf --load-only", PEER_SCRIPT, dir);
+    int rc = test_run(cmd, out, sizeof(out));
+    CHECK_MSG(rc == 0 && strstr(out, "\"ok\":true") != NULL, "llama.cpp refused the drafter (%d): %s", rc, out);
+}

@@ -1,0 +1,335 @@
+/* test_spec.c: DFlash speculative decoding: the drafter against the numpy reference, THE
+ * property (greedy speculative output == the target's own greedy output) over a matrix of
+ * weight types, block sizes, draft lengths, prompt lengths and sequence counts, host vs device
+ * feature paths, and bad pairings. */
+#include "test.h"
+#include "test_util.h"
+#include "model/context.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NV 640
+#define N_GEN 24
+
+typedef struct pair {
+    dfl_model *target, *drafter;
+    dfl_context *tctx, *dctx, *rctx; /* target, drafter, reference (target alone) */
+    dfl_spec *spec;
+} pair;
+
+static void pair_close(pair *p) {
+    dfl_spec_free(p->spec);
+    dfl_context_free(p->dctx);
+    dfl_context_free(p->tctx);
+    dfl_context_free(p->rctx);
+    dfl_model_free(p->drafter);
+    dfl_model_free(p->target);
+    memset(p, 0, sizeof(*p));
+}
+
+/* Opens target + drafter contexts and a session; false (reported) on failure. */
+static bool pair_open(test_ctx *t, pair *p, const char *tpath, const char *dpath, int n_seq, int n_draft,
+                      dfl_feature_path features, bool kv_f32, const dfl_spec_params *extra) {
+    memset(p, 0, sizeof(*p));
+    dfl_error err = {0};
+    p->target = dfl_model_load(tpath, NULL, &err);
+    p->drafter = p->target ? dfl_model_load(dpath, NULL, &err) : NULL;
+    if (p->drafter == NULL) {
+        test_fail(t, __FILE__, __LINE__, "load: %s", err.msg);
+        return false;
+    }
+    const dfl_hparams *dh = dfl_model_hparams(p->drafter);
+    const int32_t k = n_draft > 0 ? n_draft : (int32_t)dh->block_size - 1;
+    dfl_context_params cp = dfl_context_default_params();
+    cp.n_seq = n_seq;
+    cp.n_ctx = 256;
+    cp.n_batch = n_seq * (k + 1) > 64 ? n_seq * (k + 1) : 64;
+    cp.n_ubatch = 16; /* prompts cross micro-batches */
+    cp.n_outputs = cp.n_batch;
+    cp.kv_f32 = kv_f32;
+    cp.n_threads = 1; /* tiny models: the thread pool would only add dispatch overhead */
+    cp.n_threads_batch = 1;
+    cp.n_capture = (int32_t)dh->n_target_layers;
+    cp.capture_layers = dh->target_layers;
+    p->tctx = dfl_context_new(p->target, &cp, &err);
+    dfl_context_params rp = cp;
+    rp.n_seq = 1;
+    rp.n_capture = 0;
+    rp.capture_layers = NULL;
+    p->rctx = p->tctx ? dfl_context_new(p->target, &rp, &err) : NULL;
+    dfl_context_params dp = dfl_context_default_params();
+    dp.n_seq = n_seq;
+    dp.target = p->tctx;
+    dp.kv_f32 = kv_f32;
+    dp.n_batch = 32;
+    p->dctx = p->rctx ? dfl_context_new(p->drafter, &dp, &err) : NULL;
+    dfl_spec_params sp = extra ? *extra : dfl_spec_default_params();
+    sp.n_draft = k;
+    sp.features = features;
+    p->spec = p->dctx ? dfl_spec_new(p->tctx, p->dctx, &sp, &err) : NULL;
+    if (p->spec == NULL) {
+        test_fail(t, __FILE__, __LINE__, "setup: %s", err.msg);
+        return false;
+    }
+    return true;
+}
+
+/* An oracle draft hook: proposes the true greedy continuation with planted errors, so that
+ * every acceptance length (0..k) and rollback path is exercised. */
+typedef struct oracle {
+    const int32_t *ref[8];  /* per sequence: the target-alone greedy tokens */
+    int64_t done[8];        /* tokens committed so far (incl. the prefill's first token) */
+    uint64_t rng;
+    int mode;               /* 0: real drafter, 1: oracle with planted errors */
+} oracle;
+
+static uint64_t next_rand(uint64_t *s) {
+    *s += 0x9e3779b97f4a7c15ull;
+    uint64_t z = *s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft) {
+    oracle *o = user;
+    if (o->mode == 0) return;
+    for (int32_t j = 0; j < n_draft; j++) {
+        const int64_t at = o->done[seq] + j;
+        draft[j] = at < N_GEN + 64 ? o->ref[seq][at] : 0;
+    }
+    const uint64_t r = next_rand(&o->rng);
+    if (r % 4 != 0) { /* 3 in 4 steps: one planted error at a random slot */
+        const int32_t j = (int32_t)((r >> 8) % (uint64_t)n_draft);
+        draft[j] = (draft[j] + 1) % NV;
+    }
+}
+
+/* One case of the property; returns false on a mismatch (reported). tau_out: mean accepted+1. */
+static bool spec_case(test_ctx *t, const char *tpath, const char *dpath, int n_seq, int n_draft, int prompt_len,
+                      dfl_feature_path features, int mode, int32_t *tokens_out, double *tau_out) {
+    oracle o;
+    memset(&o, 0, sizeof(o));
+    o.mode = mode;
+    o.rng = (uint64_t)(n_seq * 1000 + n_draft * 10 + prompt_len);
+    dfl_spec_params sp = dfl_spec_default_params();
+    sp.draft_hook = oracle_hook;
+    sp.draft_hook_user = &o;
+    pair p;
+    if (!pair_open(t, &p, tpath, dpath, n_seq, n_draft, features, false, &sp)) {
+        pair_close(&p);
+        return false;
+    }
+    const int32_t k = dfl_spec_n_draft(p.spec);
+    int32_t prompts[8][128];
+    int32_t ref[8][N_GEN + 64];
+    int32_t got[8][N_GEN + 64];
+    dfl_error err = {0};
+    bool ok = true;
+    for (int s = 0; s < n_seq && ok; s++) {
+        const int len = prompt_len + s;
+        for (int i = 0; i < len; i++) prompts[s][i] = (int32_t)((i * 131 + s * 17 + prompt_len * 7 + 3) % NV);
+        dfl_seq_remove(p.rctx, 0, 0, NULL);
+        memset(ref[s], 0, sizeof(ref[s]));
+        ok = tu_greedy(p.rctx, 0, prompts[s], len, N_GEN + k + 1, ref[s], &err) == DFL_OK;
+        o.ref[s] = ref[s];
+    }
+    for (int s = 0; s < n_seq && ok; s++) {
+        int32_t first;
+        ok = dfl_spec_prefill(p.spec, s, prompts[s], prompt_len + s, &first, &err) == DFL_OK;
+        got[s][0] = first;
+        o.done[s] = 1;
+    }
+    int32_t seqs[8], step_tok[8 * 64], n_step[8];
+    for (int s = 0; s < n_seq; s++) seqs[s] = s;
+    while (ok) {
+        bool all = true;
+        for (int s = 0; s < n_seq; s++) all = all && o.done[s] >= N_GEN;
+        if (all) break;
+        ok = dfl_spec_step(p.spec, n_seq, seqs, step_tok, n_step, &err) == DFL_OK;
+        for (int s = 0; s < n_seq && ok; s++) {
+            for (int j = 0; j < n_step[s]; j++) {
+                if (o.done[s] < N_GEN + 63) got[s][o.done[s]] = step_tok[s * (k + 1) + j];
+                o.done[s]++;
+            }
+        }
+    }
+    CHECK_MSG(ok, "spec run failed: %s", err.msg);
+    for (int s = 0; s < n_seq && ok; s++) {
+        for (int i = 0; i < N_GEN; i++) {
+            if (got[s][i] != ref[s][i]) {
+                test_fail(t, __FILE__, __LINE__, "n_seq %d k %d prompt %d mode %d features %d: seq %d token %d: spec %d != "
+                          "greedy %d", n_seq, k, prompt_len, mode, (int)features, s, i, got[s][i], ref[s][i]);
+                ok = false;
+                break;
+            }
+        }
+    }
+    if (tokens_out) memcpy(tokens_out, got, sizeof(int32_t) * 8 * (N_GEN + 64));
+    dfl_spec_stats st = dfl_spec_get_stats(p.spec);
+    if (tau_out) *tau_out = st.n_steps ? (double)(st.n_accepted + st.n_steps) / (double)st.n_steps : 0;
+    pair_close(&p);
+    return ok;
+}
+
+#define TINY_T "--n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --head-dim 16 --n-ff 128 --n-vocab 640 --draft-layers 1"
+
+TEST(spec_greedy_equals_target_matrix) {
+    const char *types[] = {"f32", "f16", "q8_0"};
+    const int blocks[] = {4, 8, 16};
+    int n_cases = 0, n_ok = 0;
+    double tau_sum = 0;
+    for (int ti = 0; ti < 3; ti++) {
+        for (int bi = 0; bi < 3; bi++) {
+            char args[512], tpath[512], dpath[512], dir[32];
+            snprintf(args, sizeof(args), TINY_T " --type %s --block-size %d --seed %d", types[ti], blocks[bi], 11 + ti * 3 + bi);
+            snprintf(dir, sizeof(dir), "%s_%d", types[ti], blocks[bi]);
+            if (!tu_make_models(t, dir, args, tpath, dpath, sizeof(tpath))) return;
+            const int B = blocks[bi];
+            /* (n_seq, n_draft, prompt_len, mode) */
+            const int cases[][4] = {
+                {1, B - 1, 1, 1}, {1, 1, 5, 1}, {2, B / 2, 17, 1}, {3, B - 1, 40, 1}, {8, B - 1, 3, 1},
+                {4, 2, 33, 1}, {1, B - 1, 9, 0}, {2, B - 1, 20, 0}, {5, B / 2, 2, 1}, {8, 1, 16, 1},
+                {6, B - 1, 31, 1}, {1, B - 1, 64, 1},
+            };
+            for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+                double tau = 0;
+                dfl_feature_path fp = (c % 2) ? DFL_FEATURES_HOST : DFL_FEATURES_DEVICE;
+                n_cases++;
+                if (spec_case(t, tpath, dpath, cases[c][0], cases[c][1], cases[c][2], fp, cases[c][3], NULL, &tau)) {
+                    n_ok++;
+                    tau_sum += tau;
+                }
+            }
+        }
+    }
+    printf("    %d of %d combinations bit-identical to target-alone greedy (mean tau %.2f with oracle drafts)\n", n_ok,
+           n_cases, n_ok ? tau_sum / n_ok : 0.0);
+    CHECK(n_cases >= 100);
+    CHECK_EQ_INT(n_ok, n_cases);
+}
+
+TEST(spec_host_and_device_features_identical) {
+    char tpath[512], dpath[512];
+    if (!tu_make_models(t, "m", TINY_T " --type q8_0 --block-size 8 --seed 5", tpath, dpath, sizeof(tpath))) return;
+    static int32_t a[8 * (N_GEN + 64)], b[8 * (N_GEN + 64)];
+    double ta = 0, tb = 0;
+    CHECK(spec_case(t, tpath, dpath, 3, 7, 21, DFL_FEATURES_HOST, 0, a, &ta));
+    CHECK(spec_case(t, tpath, dpath, 3, 7, 21, DFL_FEATURES_DEVICE, 0, b, &tb));
+    CHECK(memcmp(a, b, sizeof(a)) == 0);
+    CHECK(ta == tb);
+    CHECK(spec_case(t, tpath, dpath, 2, 7, 9, DFL_FEATURES_HOST, 1, a, &ta));
+    CHECK(spec_case(t, tpath, dpath, 2, 7, 9, DFL_FEATURES_DEVICE, 1, b, &tb));
+    CHECK(memcmp(a, b, sizeof(a)) == 0);
+    CHECK(ta == tb);
+}
+
+TEST(spec_drafter_vs_numpy) {
+    if (!tu_have_numpy(t)) return;
+    char tpath[512], dpath[512], cmd[2048], out[8192], ref_path[512];
+    if (!tu_make_models(t, "m", TINY_T " --type f32 --block-size 8 --seed 3", tpath, dpath, sizeof(tpath))) return;
+    int32_t prompt[13];
+    for (int i = 0; i < 13; i++) prompt[i] = (i * 71 + 2) % NV;
+    char csv[256];
+    tu_ids_csv(prompt, 13, csv, sizeof(csv));
+    test_path(t, "draft.bin", ref_path, sizeof(ref_path));
+    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 tests/ref/ref_cli.py draft --target %s --drafter %s --tokens %s --block 8 "
+             "--top-k 1 --out %s", tpath, dpath, csv, ref_path);
+    int rc = test_run(cmd, out, sizeof(out));
+    REQUIRE(rc == 0);
+    int64_t n_ref = 0;
+    float *ref = tu_read_floats(ref_path, &n_ref);
+    REQUIRE(ref != NULL && n_ref == 7 * NV);
+    pair p;
+    if (pair_open(t, &p, tpath, dpath, 1, 7, DFL_FEATURES_DEVICE, true, NULL)) {
+        int32_t first, draft[7];
+        dfl_error err = {0};
+        float *logits = malloc(7 * NV * sizeof(float));
+        CHECK(dfl_spec_prefill(p.spec, 0, prompt, 13, &first, &err) == DFL_OK);
+        CHECK(drafter_draft(p.dctx, 1, (int32_t[]){0}, &first, 7, draft, logits, &err) == DFL_OK);
+        double e = tu_rel_err(logits, ref, 7 * NV);
+        printf("    drafter block logits (f32, f32 KV) vs numpy: max rel err %.3g\n", e);
+        CHECK_MSG(e < 1e-4, "drafter logits relative error %.3g", e);
+        for (int j = 0; j < 7; j++) CHECK_EQ_INT(draft[j], tu_argmax(ref + j * NV, NV));
+        free(logits);
+    }
+    pair_close(&p);
+    free(ref);
+}
+
+TEST(spec_bad_pairs_and_params) {
+    char t1[512], d1[512], t2[512], d2[512];
+    if (!tu_make_models(t, "a", TINY_T " --type f32 --block-size 8", t1, d1, sizeof(t1))) return;
+    if (!tu_make_models(t, "b", "--n-embd 96 --n-layer 6 --n-head 4 --n-head-kv 2 --head-dim 16 --n-ff 128 --n-vocab 640 "
+                        "--type f32 --block-size 8 --target-layers 1,5", t2, d2, sizeof(t2))) return;
+    dfl_error err = {0};
+    dfl_model *ta = dfl_model_load(t1, NULL, &err);
+    dfl_model *db = dfl_model_load(d2, NULL, &err);
+    REQUIRE(ta != NULL && db != NULL);
+    const dfl_hparams *dh = dfl_model_hparams(db);
+    dfl_context_params cp = dfl_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_capture = (int32_t)dh->n_target_layers;
+    cp.capture_layers = dh->target_layers;
+    /* the drafter's layer id 5 is outside the 3-layer target: the capture itself is refused */
+    dfl_context *tc = dfl_context_new(ta, &cp, &err);
+    CHECK(tc == NULL);
+    CHECK_STR_CONTAINS(err.msg, "out of range");
+    /* a target context capturing valid layers, paired with a drafter of another width */
+    int32_t ids[2] = {1, 2};
+    cp.capture_layers = ids;
+    err.code = DFL_OK;
+    tc = dfl_context_new(ta, &cp, &err);
+    REQUIRE(tc != NULL);
+    dfl_context_params dp = dfl_context_default_params();
+    dp.target = tc;
+    err.code = DFL_OK;
+    dfl_context *dc = dfl_context_new(db, &dp, &err);
+    CHECK(dc == NULL);
+    CHECK_STR_CONTAINS(err.msg, "n_embd");
+    /* no target given */
+    dfl_context_params dp2 = dfl_context_default_params();
+    err.code = DFL_OK;
+    CHECK(dfl_context_new(db, &dp2, &err) == NULL);
+    CHECK_STR_CONTAINS(err.msg, "needs its target context");
+    dfl_context_free(tc);
+    dfl_model_free(ta);
+    dfl_model_free(db);
+    /* draft length above block_size - 1 */
+    pair p;
+    memset(&p, 0, sizeof(p));
+    p.target = dfl_model_load(t1, NULL, &err);
+    p.drafter = dfl_model_load(d1, NULL, &err);
+    REQUIRE(p.target && p.drafter);
+    dh = dfl_model_hparams(p.drafter);
+    cp = dfl_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_capture = (int32_t)dh->n_target_layers;
+    cp.capture_layers = dh->target_layers;
+    p.tctx = dfl_context_new(p.target, &cp, &err);
+    dp = dfl_context_default_params();
+    dp.target = p.tctx;
+    p.dctx = dfl_context_new(p.drafter, &dp, &err);
+    REQUIRE(p.dctx != NULL);
+    dfl_spec_params sp = dfl_spec_default_params();
+    sp.n_draft = 8;
+    err.code = DFL_OK;
+    CHECK(dfl_spec_new(p.tctx, p.dctx, &sp, &err) == NULL);
+    CHECK_STR_CONTAINS(err.msg, "draft length 8 is outside 1..7");
+    /* a prompt token outside the vocabulary, an oversize prompt */
+    sp.n_draft = 7;
+    p.spec = dfl_spec_new(p.tctx, p.dctx, &sp, &err);
+    REQUIRE(p.spec != NULL);
+    int32_t bad[3] = {1, 700, 2}, first;
+    err.code = DFL_OK;
+    CHECK_EQ_INT(dfl_spec_prefill(p.spec, 0, bad, 3, &first, &err), DFL_ERR_INVALID);
+    int32_t longp[64] = {0};
+    err.code = DFL_OK;
+    CHECK_EQ_INT(dfl_spec_prefill(p.spec, 0, longp, 64, &first, &err), DFL_ERR_CTX_FULL);
+    int32_t seq0 = 0, toks[8], nt;
+    err.code = DFL_OK;
+    CHECK_EQ_INT(dfl_spec_step(p.spec, 1, &seq0, toks, &nt, &err), DFL_ERR_INVALID); /* not prefilled */
+    pair_close(&p);
+}

@@ -1,0 +1,113 @@
+/* test_util.c: helpers for the model tests (see test_util.h). Not a test file itself. */
+#define _POSIX_C_SOURCE 200809L
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+bool tu_make_models(test_ctx *t, const char *dir_name, const char *args, char *target, char *drafter, size_t cap) {
+    char dir[512], cmd[2048], out[4096];
+    test_path(t, dir_name, dir, sizeof(dir));
+    snprintf(cmd, sizeof(cmd), "%s make-test-model -o %s %s", test_cli_path(), dir, args);
+    int rc = test_run(cmd, out, sizeof(out));
+    if (rc != 0) {
+        test_fail(t, __FILE__, __LINE__, "make-test-model failed (%d): %s\n%s", rc, cmd, out);
+        return false;
+    }
+    snprintf(target, cap, "%s/target.gguf", dir);
+    if (drafter) snprintf(drafter, cap, "%s/drafter.gguf", dir);
+    return true;
+}
+
+bool tu_have_numpy(test_ctx *t) {
+    char out[256];
+    if (test_run("/usr/bin/python3 -c 'import numpy'", out, sizeof(out)) != 0) {
+        test_skip(t, "Debian's python3-numpy is not installed (make deps)");
+        return false;
+    }
+    return true;
+}
+
+float *tu_read_floats(const char *path, int64_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return NULL;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    float *x = malloc((size_t)size + 4);
+    if (x == NULL || fread(x, 1, (size_t)size, f) != (size_t)size) {
+        free(x);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    *n = size / 4;
+    return x;
+}
+
+double tu_rel_err(const float *a, const float *ref, int64_t n) {
+    double max_d = 0, max_r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)ref[i]);
+        if (!(d == d)) return INFINITY;
+        if (d > max_d) max_d = d;
+        if (fabs((double)ref[i]) > max_r) max_r = fabs((double)ref[i]);
+    }
+    return max_r > 0 ? max_d / max_r : max_d;
+}
+
+void tu_ids_csv(const int32_t *ids, int64_t n, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int64_t i = 0; i < n && len + 16 < cap; i++) len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", ids[i]);
+}
+
+int32_t tu_argmax(const float *x, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return (int32_t)b;
+}
+
+dfl_status tu_decode(dfl_context *ctx, int32_t seq, const int32_t *tokens, int64_t n, float *out, dfl_error *err) {
+    dfl_batch *b = dfl_batch_init(n, 0, 1, err);
+    if (b == NULL) return DFL_ERR_NOMEM;
+    const int64_t p0 = dfl_seq_len(ctx, seq);
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t pos = (int32_t)(p0 + i);
+        dfl_batch_add_token(b, tokens[i], &pos, seq, out != NULL);
+    }
+    dfl_status st = dfl_decode(ctx, b, err);
+    if (st == DFL_OK && out != NULL) {
+        const int64_t nv = dfl_n_vocab(ctx);
+        for (int64_t i = 0; i < n; i++) memcpy(out + i * nv, dfl_get_logits(ctx, i), (size_t)nv * sizeof(float));
+    }
+    dfl_batch_free(b);
+    return st;
+}
+
+dfl_status tu_greedy(dfl_context *ctx, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t n_gen, int32_t *out,
+                     dfl_error *err) {
+    const int64_t nv = dfl_n_vocab(ctx);
+    dfl_batch *b = dfl_batch_init(n_prompt > 1 ? n_prompt : 1, 0, 1, err);
+    if (b == NULL) return DFL_ERR_NOMEM;
+    int64_t p0 = dfl_seq_len(ctx, seq);
+    for (int64_t i = 0; i < n_prompt; i++) {
+        const int32_t pos = (int32_t)(p0 + i);
+        dfl_batch_add_token(b, prompt[i], &pos, seq, i == n_prompt - 1);
+    }
+    dfl_status st = dfl_decode(ctx, b, err);
+    int64_t last = n_prompt - 1;
+    for (int64_t k = 0; k < n_gen && st == DFL_OK; k++) {
+        out[k] = tu_argmax(dfl_get_logits(ctx, last), nv);
+        if (k + 1 == n_gen) break;
+        dfl_batch_clear(b);
+        const int32_t pos = (int32_t)dfl_seq_len(ctx, seq);
+        dfl_batch_add_token(b, out[k], &pos, seq, true);
+        st = dfl_decode(ctx, b, err);
+        last = 0;
+    }
+    dfl_batch_free(b);
+    return st;
+}

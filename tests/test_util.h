@@ -1,0 +1,28 @@
+/* test_util.h: helpers shared by the model tests: generating test models with the CLI, running
+ * the numpy reference, reading raw float files, comparing logits. */
+#ifndef DFL_TEST_UTIL_H
+#define DFL_TEST_UTIL_H
+
+#include "test.h"
+#include "dflash.h"
+
+/* Runs `dflash make-test-model -o DIR ARGS`; DIR is created in the test's temp dir. Fills
+ * target/drafter paths. Returns true on success (a failure is reported on t). */
+bool tu_make_models(test_ctx *t, const char *dir_name, const char *args, char *target, char *drafter, size_t cap);
+/* True if Debian's python3 with numpy is available (else the test skips itself). */
+bool tu_have_numpy(test_ctx *t);
+/* Reads a raw little-endian float32 file into a malloc'd array; *n = element count. */
+float *tu_read_floats(const char *path, int64_t *n);
+/* Max relative error of a vs ref: max|a-b| / max|ref| (NaN -> +inf). */
+double tu_rel_err(const float *a, const float *ref, int64_t n);
+/* Formats ids as "1,2,3" into buf. */
+void tu_ids_csv(const int32_t *ids, int64_t n, char *buf, size_t cap);
+/* Evaluates tokens [0, n) of seq 0 in a fresh batch (positions from the sequence's length) and
+ * copies the logits of every entry into out [n, n_vocab] (out may be NULL). */
+dfl_status tu_decode(dfl_context *ctx, int32_t seq, const int32_t *tokens, int64_t n, float *out, dfl_error *err);
+/* Greedy decoding of n_gen tokens after a prompt (target alone), into out. */
+dfl_status tu_greedy(dfl_context *ctx, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t n_gen, int32_t *out,
+                     dfl_error *err);
+int32_t tu_argmax(const float *x, int64_t n);
+
+#endif

@@ -21,3 +21,5 @@ $PY train/spec_eval.py --work $W --out models/spec_eval.json
 $PY train/check_export.py --work $W --models models
 $PY train/plot.py --work $W --out models/training.png
 cp $W/corpus_stats.json models/corpus_stats.json
+mkdir -p models/logs && cp $W/target_log.jsonl $W/drafter_log.jsonl models/logs/
+if [ -x build/dflash ]; then $PY train/check_c.py --work $W --models models; fi

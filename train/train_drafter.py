@@ -9,7 +9,8 @@ target_layers; random anchors a are drawn in the continuation; each anchor's blo
 (K/V injection) and its own block non-causally. Slot k predicts x_{a+k}; the loss is the
 cross-entropy weighted by exp(-(k-1)/gamma) over block slots k = 1..B-1. All anchors of a
 sequence run in one forward with a block-diagonal visibility mask. The target's embedding and
-head are shared and frozen. Checkpoints and logs as train_target.py (drafter_ckpt.pt,
+head are shared and frozen. The draft layers start as copies of a target layer (init_from_target;
+--random-init to start from noise). Checkpoints and logs as train_target.py (drafter_ckpt.pt,
 drafter_log.jsonl); the final model goes to drafter_final.pt.
 """
 
@@ -33,6 +34,24 @@ def drafter_config(tc, mask_id):
     d = tc.to_dict()
     d.update(n_layer=2, block_size=16, target_layers=[1, 3, 5, 6], mask_token_id=mask_id)
     return d
+
+
+def init_from_target(model, target):
+    """Warm start: every draft layer starts as a copy of the target layer whose input is the
+    deepest non-final feature id (5 of [1, 3, 5, 6]); fc starts as the identity on that
+    feature's slice (small noise elsewhere) and enc_norm as that layer's attn_norm, so the
+    injected context K/V begin as that target layer's own K/V."""
+    tl = model.c.target_layers
+    src = max(i for i in tl if i < target.c.n_layer)
+    j = tl.index(src)
+    e = model.c.n_embd
+    with torch.no_grad():
+        for L in model.layers:
+            L.load_state_dict(target.layers[src].state_dict())
+        model.fc.weight.normal_(0.0, 0.002)
+        model.fc.weight[:, j * e:(j + 1) * e] += torch.eye(e)
+        model.enc_norm.copy_(target.layers[src].attn_norm)
+    return src
 
 
 def make_batch(seqs, plen, n_anchor, B, mask_id, gen):
@@ -76,8 +95,9 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--budget-min", type=float, default=25.0)
     ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--seqs-per-step", type=int, default=8)
-    ap.add_argument("--anchors", type=int, default=32)
+    ap.add_argument("--seqs-per-step", type=int, default=4)
+    ap.add_argument("--anchors", type=int, default=24)
+    ap.add_argument("--random-init", action="store_true", help="no warm start from the target's layers")
     ap.add_argument("--gamma", type=float, default=7.0)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=30)
@@ -96,6 +116,8 @@ def main():
     c = Config(**drafter_config(target.c, mask_id))
     B = c.block_size
     model = Drafter(c, target)
+    if not a.random_init:
+        print("drafter: layers initialized from target layer %d" % init_from_target(model, target), flush=True)
     data = torch.load(os.path.join(W, "drafter_data.pt"))
     groups = [(s.long(), p) for s, p in zip(data["seqs"], data["prompt_len"])]
     n_seq = sum(s.shape[0] for s, _ in groups)

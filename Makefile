@@ -180,6 +180,11 @@ install: all
 	install -m 755 $(BUILD)/dflash $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' dflash.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dflash.pc
 
+# `make models`: retrain the embedded default pair (models/*.gguf) from scratch with PyTorch
+# (~90 min on 2 cores; not in CI, which only uses the committed GGUFs). See models/README.md.
+models:
+	sh train/make_models.sh
+
 clean:
 	rm -rf build build-asan build-tsan build-fuzz
 

@@ -10,11 +10,25 @@
 
 #define N_GEN 64
 
+/* held-out text (models/check_c.json): two code and two prose prompts */
 static const char *k_prompts[] = {
-    "def read_config(path):\n    \"\"\"Read a configuration file and return a dict.\"\"\"\n    with open(path) as f:\n",
-    "import os\nimport sys\n\n\nclass Cache:\n    def __init__(self, size):\n        self.size = size\n",
-    "In the beginning God created the heaven and the earth. And the earth was",
-    "And the LORD spake unto Moses, saying,",
+    "        if self.plat_name is None:\n"
+    "            self.plat_name = get_platform()\n"
+    "        else:\n"
+    "            # plat-name only supported for windows (other platforms are\n"
+    "            # supported via ./configure",
+    "    def __init__(self,type, children,\n"
+    "                 context=None,\n"
+    "                 prefix=None,\n"
+    "                 fixers_applied=None):\n"
+    "        \"\"\"\n"
+    "        Initializer.\n"
+    "\n"
+    "        Takes a type constant (a symbol",
+    "But it came to pass within a while after, in the time of wheat harvest, that Samson visited his wife with a kid; and he said, I will go in to my wife into the ch",
+    "The wrath of God came upon them, and slew the fattest of them, and smote down the chosen men of Israel.\n"
+    "For all this they sinned still, and believed not for his wondrous works.\n"
+    "Therefore their",
 };
 
 TEST(embedded_pair_lossless_and_accepted) {

@@ -31,6 +31,7 @@ struct dfl_spec {
     int64_t *vidx;          /* [n_seq] index of each sequence's first entry in the verify batch */
     dfl_spec_stats stats;
     dfl_feature_path path;  /* the path in use (a device request may fall back to host) */
+    uint64_t host_bytes_base; /* the target's feature_host_bytes when this session began */
     char note[200];
 };
 
@@ -138,6 +139,7 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     for (int32_t i = 0; i < n_seq; i++) s->last[i] = -1;
     /* the device path reads the target's feature buffer in place: no host copy of features */
     tgt->features_to_host = s->path == DFL_FEATURES_HOST && tgt->feat_device;
+    s->host_bytes_base = tgt->feature_host_bytes;
     return s;
 }
 
@@ -236,6 +238,7 @@ dfl_status dfl_spec_prefill(dfl_spec *s, int32_t seq, const int32_t *prompt, int
     s->last[seq] = tok;
     *first = tok;
     s->stats.t_prefill_ms += now_ms() - t0;
+    s->stats.feature_host_bytes = s->tgt->feature_host_bytes - s->host_bytes_base;
     s->stats.n_prefill_tokens += n_prompt;
     return DFL_OK;
 }
@@ -343,6 +346,6 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
         st = inject_rows(s, seqs[i], s->vidx[i], n_tokens[i], err);
         if (st != DFL_OK) return st;
     }
-    s->stats.feature_host_bytes = s->tgt->feature_host_bytes;
+    s->stats.feature_host_bytes = s->tgt->feature_host_bytes - s->host_bytes_base;
     return DFL_OK;
 }

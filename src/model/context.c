@@ -113,6 +113,7 @@ static dfl_status context_alloc_host(dfl_context *ctx, dfl_error *err) {
     ctx->h_rows = calloc((size_t)n, sizeof(int32_t));
     ctx->h_bidx = calloc((size_t)n, sizeof(int64_t));
     ctx->h_perm = calloc((size_t)n, sizeof(int64_t));
+    ctx->h_inv = calloc((size_t)n, sizeof(int64_t));
     ctx->h_mask = calloc((size_t)(ctx->kv.n_ctx * n), sizeof(float));
     ctx->h_embd = calloc((size_t)(ctx->n_embd * n), sizeof(float));
     ctx->groups = calloc((size_t)n, sizeof(ctx_group));
@@ -129,7 +130,7 @@ static dfl_status context_alloc_host(dfl_context *ctx, dfl_error *err) {
         ctx->model_dflash_logit_scale = ctx->model->dflash.logit_scale;
         if (!ctx->h_erow || !ctx->h_feat || !ctx->blk_tok || !ctx->blk_pos || !ctx->blk_seq || !ctx->blk_out) return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
     }
-    if (!ctx->h_ids || !ctx->h_pos || !ctx->h_cells || !ctx->h_rows || !ctx->h_bidx || !ctx->h_perm || !ctx->h_mask ||
+    if (!ctx->h_ids || !ctx->h_pos || !ctx->h_cells || !ctx->h_rows || !ctx->h_bidx || !ctx->h_perm || !ctx->h_inv || !ctx->h_mask ||
         !ctx->h_embd || !ctx->groups || !ctx->seq_len_tmp || !ctx->logits || !ctx->out_of) {
         return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
     }
@@ -387,7 +388,7 @@ void dfl_context_free(dfl_context *ctx) {
     if (ctx->queue) backend_queue_free(ctx->queue);
     if (ctx->own_backend && ctx->be) backend_free(ctx->be);
     free(ctx->h_ids); free(ctx->h_pos); free(ctx->h_cells); free(ctx->h_rows); free(ctx->h_bidx);
-    free(ctx->h_perm); free(ctx->h_mask); free(ctx->h_embd); free(ctx->groups); free(ctx->seq_len_tmp);
+    free(ctx->h_perm); free(ctx->h_inv); free(ctx->h_mask); free(ctx->h_embd); free(ctx->groups); free(ctx->seq_len_tmp);
     free(ctx->logits); free(ctx->out_of); free(ctx->feat_host); free(ctx->h_erow); free(ctx->h_feat);
     free(ctx->blk_tok); free(ctx->blk_pos); free(ctx->blk_seq); free(ctx->blk_out);
     free(ctx);

@@ -94,6 +94,7 @@ struct dfl_context {
     int32_t *h_rows;       /* [n_ub] */
     int64_t *h_bidx;       /* [n_ub] */
     int64_t *h_perm;       /* [n_ub] work row -> ubatch entry */
+    int64_t *h_inv;        /* [n_ub] ubatch entry -> work row */
     float *h_mask;         /* [n_ctx * n_ub] */
     float *h_embd;         /* [n_embd, n_ub] */
     ctx_group *groups;     /* [n_ub] */

@@ -17,12 +17,6 @@
 #include <math.h>
 #include <string.h>
 
-static tensor vec_head(const tensor *t, int64_t n) {
-    tensor v = *t;
-    v.ne[0] = n;
-    return v;
-}
-
 /* Validation limits of an injection batch. */
 static void inject_limits(const dfl_context *d, const dfl_batch *b, batch_limits *lim) {
     memset(lim, 0, sizeof(*lim));
@@ -90,14 +84,14 @@ dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err
             d->h_bidx[r] = ub.i0 + e;
             d->h_rows[r] = 0;
         }
-        op_write(q, vec_head(&s->pos, n), d->h_pos, (size_t)n * sizeof(int32_t));
-        op_write(q, vec_head(&s->cells, n), d->h_cells, (size_t)n * sizeof(int64_t));
+        op_write(q, fwd_vec_head(&s->pos, n), d->h_pos, (size_t)n * sizeof(int32_t));
+        op_write(q, fwd_vec_head(&s->cells, n), d->h_cells, (size_t)n * sizeof(int64_t));
         /* raw features [width, n] in work order */
         tensor f_raw = tensor_rows(&s->feat_in, 0, n);
         if (ub.has_embd_rows) {
             /* device path: gather rows of the target's feature buffer in place */
-            op_write(q, vec_head(&s->erow, n), d->h_erow, (size_t)n * sizeof(int32_t));
-            op_get_rows(q, f_raw, d->target->feat, vec_head(&s->erow, n));
+            op_write(q, fwd_vec_head(&s->erow, n), d->h_erow, (size_t)n * sizeof(int32_t));
+            op_get_rows(q, f_raw, d->target->feat, fwd_vec_head(&s->erow, n));
         } else {
             for (int64_t r = 0; r < n; r++) {
                 memcpy(d->h_feat + r * width, ub.embd + d->h_perm[r] * ub.n_embd, (size_t)width * sizeof(float));
@@ -176,15 +170,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         d->h_cells[r] = kv_cell(&d->kv, d->blk_seq[e], d->blk_pos[e]);
         d->h_bidx[r] = e;
     }
-    for (int64_t e = 0; e < n; e++) {
-        if (!d->blk_out[e]) continue;
-        for (int64_t r = 0; r < n; r++) {
-            if (d->h_perm[r] == e) {
-                d->h_rows[n_out++] = (int32_t)r;
-                break;
-            }
-        }
-    }
+    n_out = fwd_output_rows(d, d->blk_out, n);
     fwd_upload_inputs(d, n, n_groups);
     backend_queue *q = d->queue;
     ctx_scratch *s = &d->s;
@@ -195,14 +181,14 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         fwd_ffn_block(d, il, x, n);
     }
     /* head on slots 1..n_draft of every block, in entry order: row i*n_draft + (k-1) */
-    tensor rows = vec_head(&s->rows, n_out);
+    tensor rows = fwd_vec_head(&s->rows, n_out);
     tensor x_out = tensor_rows(&s->x_out, 0, n_out);                  /* [n_embd, n_out] */
     op_get_rows(q, x_out, x, rows);
     op_rmsnorm(q, x_out, x_out, &d->w.output_norm, hp->norm_eps);
     tensor logits = tensor_rows(&s->logits, 0, n_out);                /* [n_vocab, n_out] */
     op_matmul(q, logits, d->w.output, x_out);
     if (d->model_dflash_logit_scale != 1.0f) op_scale(q, logits, logits, d->model_dflash_logit_scale);
-    tensor amax = vec_head(&s->ids, n_out);                           /* [n_out] i32 */
+    tensor amax = fwd_vec_head(&s->ids, n_out);                           /* [n_out] i32 */
     op_argmax(q, amax, logits);
     op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
     if (logits_out != NULL) {

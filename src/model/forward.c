@@ -32,7 +32,6 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
 
     /* 1. work order, groups, masks, inputs */
     int64_t n_groups = fwd_plan_groups(ctx, ub, false);
-    int64_t n_out = 0;
     for (int64_t r = 0; r < n; r++) {
         const int64_t e = ctx->h_perm[r]; /* ubatch entry of work row r */
         ctx->h_ids[r] = ub->token[e] >= 0 ? ub->token[e] : 0;
@@ -40,16 +39,7 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
         ctx->h_cells[r] = kv_cell(&ctx->kv, ub->seq_id[e], ub->pos[e * ub->n_pos_sections]);
         ctx->h_bidx[r] = ctx->feat_device ? ub->i0 + e : e; /* feature row: batch index, or staging row */
     }
-    /* output rows in batch order (so logits come out in batch order) */
-    for (int64_t e = 0; e < n; e++) {
-        if (!ub->output[e]) continue;
-        for (int64_t r = 0; r < n; r++) {
-            if (ctx->h_perm[r] == e) {
-                ctx->h_rows[n_out++] = (int32_t)r;
-                break;
-            }
-        }
-    }
+    const int64_t n_out = fwd_output_rows(ctx, ub->output, n);
     fwd_upload_inputs(ctx, n, n_groups);
 
     /* 2. input embeddings [n_embd, n] */

@@ -7,8 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-/* The first n elements of a 1-d tensor. */
-static tensor vec_head(const tensor *t, int64_t n) {
+tensor fwd_vec_head(const tensor *t, int64_t n) {
     tensor v = *t;
     v.ne[0] = n;
     return v;
@@ -34,7 +33,11 @@ int64_t fwd_plan_groups(dfl_context *ctx, const batch_ubatch *ub, bool non_causa
         count[sq] = r; /* now: next free work row of sq */
         r += g->n;
     }
-    for (int64_t e = 0; e < n; e++) ctx->h_perm[count[ub->seq_id[e]]++] = e;
+    for (int64_t e = 0; e < n; e++) {
+        const int64_t row = count[ub->seq_id[e]]++;
+        ctx->h_perm[row] = e;
+        ctx->h_inv[e] = row;
+    }
     /* masks [n_kv, n_g] per group: row i (position len + i) sees cells <= len + i (causal) */
     for (int64_t gi = 0; gi < n_groups; gi++) {
         const ctx_group *g = &ctx->groups[gi];
@@ -48,17 +51,25 @@ int64_t fwd_plan_groups(dfl_context *ctx, const batch_ubatch *ub, bool non_causa
     return n_groups;
 }
 
+int64_t fwd_output_rows(dfl_context *ctx, const bool *output, int64_t n) {
+    int64_t n_out = 0;
+    for (int64_t e = 0; e < n; e++) {
+        if (output[e]) ctx->h_rows[n_out++] = (int32_t)ctx->h_inv[e];
+    }
+    return n_out;
+}
+
 void fwd_upload_inputs(dfl_context *ctx, int64_t n, int64_t n_groups) {
     ctx_scratch *s = &ctx->s;
     backend_queue *q = ctx->queue;
-    op_write(q, vec_head(&s->ids, n), ctx->h_ids, (size_t)n * sizeof(int32_t));
-    op_write(q, vec_head(&s->pos, n), ctx->h_pos, (size_t)n * sizeof(int32_t));
-    op_write(q, vec_head(&s->cells, n), ctx->h_cells, (size_t)n * sizeof(int64_t));
-    op_write(q, vec_head(&s->bidx, n), ctx->h_bidx, (size_t)n * sizeof(int64_t));
-    op_write(q, vec_head(&s->rows, n), ctx->h_rows, (size_t)n * sizeof(int32_t));
+    op_write(q, fwd_vec_head(&s->ids, n), ctx->h_ids, (size_t)n * sizeof(int32_t));
+    op_write(q, fwd_vec_head(&s->pos, n), ctx->h_pos, (size_t)n * sizeof(int32_t));
+    op_write(q, fwd_vec_head(&s->cells, n), ctx->h_cells, (size_t)n * sizeof(int64_t));
+    op_write(q, fwd_vec_head(&s->bidx, n), ctx->h_bidx, (size_t)n * sizeof(int64_t));
+    op_write(q, fwd_vec_head(&s->rows, n), ctx->h_rows, (size_t)n * sizeof(int32_t));
     const ctx_group *last = &ctx->groups[n_groups - 1];
     const size_t n_mask = last->mask_off + (size_t)last->n_kv * (size_t)last->n;
-    op_write(q, vec_head(&s->mask, (int64_t)n_mask), ctx->h_mask, n_mask * sizeof(float));
+    op_write(q, fwd_vec_head(&s->mask, (int64_t)n_mask), ctx->h_mask, n_mask * sizeof(float));
 }
 
 void fwd_embed_inputs(dfl_context *ctx, const batch_ubatch *ub, const tensor *token_embd, tensor x, int64_t n) {
@@ -68,7 +79,7 @@ void fwd_embed_inputs(dfl_context *ctx, const batch_ubatch *ub, const tensor *to
         const int64_t e = ctx->h_perm[r];
         if (!(ub->embd != NULL && ub->has_embd[e])) any_token = true;
     }
-    if (any_token) op_get_rows(q, x, *token_embd, vec_head(&ctx->s.ids, n));
+    if (any_token) op_get_rows(q, x, *token_embd, fwd_vec_head(&ctx->s.ids, n));
     /* entries with an embedding use it (a token id beside it is informational) */
     if (ub->embd != NULL) {
         for (int64_t r = 0; r < n; r++) {
@@ -88,7 +99,7 @@ void fwd_capture(dfl_context *ctx, int64_t id, tensor x, int64_t n) {
         const size_t nb[4] = {sizeof(float), ctx->feat.nb[1], ctx->feat.nb[1] * (size_t)ctx->feat.ne[1],
                               ctx->feat.nb[1] * (size_t)ctx->feat.ne[1]};
         tensor cols = tensor_view(&ctx->feat, ne, nb, (size_t)j * (size_t)ctx->n_embd * sizeof(float));
-        op_set_rows(ctx->queue, cols, x, vec_head(&ctx->s.bidx, n));
+        op_set_rows(ctx->queue, cols, x, fwd_vec_head(&ctx->s.bidx, n));
     }
 }
 
@@ -108,9 +119,9 @@ void fwd_write_kv(dfl_context *ctx, int64_t il, tensor h, int64_t n) {
         tensor kh = tensor_reshape_2d(&k, hp->n_embd_head_k, hp->n_head_kv * n);
         op_rmsnorm(q, kh, kh, &L->k_norm, hp->norm_eps);
     }
-    if (hp->arch == DFL_ARCH_LLAMA) op_rope_norm(q, k3, k3, vec_head(&s->pos, n), hp->rope_freq_base, 0);
-    else op_rope_neox(q, k3, k3, vec_head(&s->pos, n), hp->rope_freq_base, 0);
-    tensor cells = vec_head(&s->cells, n);
+    if (hp->arch == DFL_ARCH_LLAMA) op_rope_norm(q, k3, k3, fwd_vec_head(&s->pos, n), hp->rope_freq_base, 0);
+    else op_rope_neox(q, k3, k3, fwd_vec_head(&s->pos, n), hp->rope_freq_base, 0);
+    tensor cells = fwd_vec_head(&s->cells, n);
     op_set_rows(q, ctx->kv.k[il], k, cells);
     op_set_rows(q, ctx->kv.v[il], v, cells);
 }
@@ -133,8 +144,8 @@ void fwd_attention_block(dfl_context *ctx, int64_t il, tensor x, int64_t n, int6
         op_rmsnorm(q, qh, qh, &L->q_norm, hp->norm_eps);
     }
     tensor q3 = tensor_reshape_3d(&qm, hd_k, hp->n_head, n);
-    if (hp->arch == DFL_ARCH_LLAMA) op_rope_norm(q, q3, q3, vec_head(&s->pos, n), hp->rope_freq_base, 0);
-    else op_rope_neox(q, q3, q3, vec_head(&s->pos, n), hp->rope_freq_base, 0);
+    if (hp->arch == DFL_ARCH_LLAMA) op_rope_norm(q, q3, q3, fwd_vec_head(&s->pos, n), hp->rope_freq_base, 0);
+    else op_rope_neox(q, q3, q3, fwd_vec_head(&s->pos, n), hp->rope_freq_base, 0);
     /* k, v -> cache */
     fwd_write_kv(ctx, il, h, n);
     /* attention per sequence group over its cells [0, n_kv) */

@@ -11,6 +11,11 @@
  * cells <= p of its sequence; non-causal (the drafter's block): every query sees all cells of
  * its sequence up to the end of the micro-batch. Returns the number of groups. */
 int64_t fwd_plan_groups(dfl_context *ctx, const batch_ubatch *ub, bool non_causal);
+/* The first n elements of a 1-d tensor. */
+tensor fwd_vec_head(const tensor *t, int64_t n);
+/* Work rows of the entries with output set, in entry order (so logits come out in batch order),
+ * into ctx->h_rows; returns their count. Needs fwd_plan_groups first. */
+int64_t fwd_output_rows(dfl_context *ctx, const bool *output, int64_t n);
 /* Enqueues the writes of ids, pos, cells, output rows, batch indices and masks. */
 void fwd_upload_inputs(dfl_context *ctx, int64_t n, int64_t n_groups);
 /* x [n_embd, n] = token_embd[ids] for token entries, the entry's embedding for the others. */

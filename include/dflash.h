@@ -160,6 +160,11 @@ typedef enum dfl_feature_wait {
 
 typedef struct dfl_spec_params {
     int32_t n_draft;             /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
+    /* adaptive draft length: a sequence's draft stops before the first token whose drafter
+     * probability (softmax of the drafter's logits) is below draft_p_min, so the target verifies
+     * only the confident part of the block (0 drafts: a plain decode step). 0: always n_draft.
+     * The output is lossless whatever the cut (it depends on the drafter only). */
+    float draft_p_min;
     float temp;                  /* <= 0: greedy */
     int32_t top_k;               /* target sampling transforms at temp > 0 (as dfl_sampler_params) */
     float top_p;

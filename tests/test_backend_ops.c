@@ -679,7 +679,7 @@ TEST(backend_op_elementwise) {
         op = mkop(BACKEND_OP_MUL, d, &a, &bs);
         check_light_op(t, "mul scalar per row", &op, (uint8_t *)mem, bytes, nt, true, 0);
         op = mkop(BACKEND_OP_SWIGLU, d, &a, &b);
-        check_light_op(t, "swiglu", &op, (uint8_t *)mem, bytes, nt, true, 0);
+        check_light_op(t, "swiglu", &op, (uint8_t *)mem, bytes, nt, false, 2e-6); /* SIMD exp: ulps */
         op = mkop(BACKEND_OP_SCALE, d, &a, NULL);
         op.f[0] = -0.375f;
         check_light_op(t, "scale", &op, (uint8_t *)mem, bytes, nt, true, 0);
@@ -760,6 +760,71 @@ TEST(backend_op_argmax) {
         CHECK_EQ_INT(((int32_t *)td.data)[3], 10);
         free(mem);
     }
+}
+
+/* The light-op row kernels of every level against the scalar ones, on awkward lengths, with
+ * ties, infinities and NaNs where the contract covers them. */
+TEST(backend_light_row_kernels) {
+    rng r = {14};
+    static const int64_t lens[] = {1, 2, 7, 15, 16, 17, 31, 33, 64, 255, 256, 1000, 4097};
+    float *a = malloc(8192 * sizeof(float)), *b = malloc(8192 * sizeof(float));
+    float *d1 = malloc(8192 * sizeof(float)), *d2 = malloc(8192 * sizeof(float));
+    uint16_t *h1 = malloc(8192 * sizeof(uint16_t)), *h2 = malloc(8192 * sizeof(uint16_t));
+    REQUIRE(a && b && d1 && d2 && h1 && h2);
+    for (int level = 1; level < 3; level++) {
+        if (!level_available(level)) continue;
+        cpu_kernels ks, kr;
+        cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
+        cpu_kernels_init_ref(&kr);
+        for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+            const int64_t n = lens[li];
+            fill_f32(&r, a, n, 20.0f);
+            fill_f32(&r, b, n, 3.0f);
+            /* rmsnorm: same products and roundings, an f64 sum in another order */
+            ks.rmsnorm_row(d1, a, b, n, 1e-6f);
+            kr.rmsnorm_row(d2, a, b, n, 1e-6f);
+            close_enough(t, "rmsnorm row", d1, d2, n, 1e-7, 1e-6);
+            ks.rmsnorm_row(d1, a, NULL, n, 1e-5f);
+            kr.rmsnorm_row(d2, a, NULL, n, 1e-5f);
+            close_enough(t, "rmsnorm row, no weight", d1, d2, n, 1e-7, 1e-6);
+            /* swiglu over +-20 (e^20 would overflow a naive form) and the exact zeros */
+            a[0] = 0.0f;
+            if (n > 2) a[2] = -90.0f;
+            ks.swiglu_row(d1, a, b, n);
+            kr.swiglu_row(d2, a, b, n);
+            close_enough(t, "swiglu row", d1, d2, n, 1e-7, 2e-6);
+            /* add / mul: exact */
+            ks.add_row(d1, a, b, n);
+            kr.add_row(d2, a, b, n);
+            CHECK_MSG(memcmp(d1, d2, (size_t)n * 4) == 0, "add row (n %lld) differs", (long long)n);
+            ks.mul_row(d1, a, b, n);
+            kr.mul_row(d2, a, b, n);
+            CHECK_MSG(memcmp(d1, d2, (size_t)n * 4) == 0, "mul row (n %lld) differs", (long long)n);
+            /* argmax: plain, a tie (the first wins), an infinity, a NaN (the reference's scan) */
+            CHECK_EQ_INT(ks.argmax_row(a, n), kr.argmax_row(a, n));
+            if (n >= 3) {
+                a[n - 1] = 100.0f;
+                a[n / 2] = 100.0f;
+                CHECK_EQ_INT(ks.argmax_row(a, n), kr.argmax_row(a, n));
+                a[n - 2] = INFINITY;
+                CHECK_EQ_INT(ks.argmax_row(a, n), kr.argmax_row(a, n));
+                a[1] = NAN;
+                CHECK_EQ_INT(ks.argmax_row(a, n), kr.argmax_row(a, n));
+            }
+            /* f16 rows: round to nearest even, overflow, subnormals */
+            fill_f32(&r, a, n, 70000.0f);
+            if (n > 4) {
+                a[0] = 1e-8f;
+                a[1] = 65520.0f; /* rounds to infinity */
+                a[2] = -0.0f;
+                a[3] = 1.0f + 1.0f / 2048.0f; /* a tie: to even */
+            }
+            ks.f16_row(h1, a, n);
+            kr.f16_row(h2, a, n);
+            CHECK_MSG(memcmp(h1, h2, (size_t)n * 2) == 0, "f16 row (n %lld) differs", (long long)n);
+        }
+    }
+    free(a); free(b); free(d1); free(d2); free(h1); free(h2);
 }
 
 /* ---- validation ---------------------------------------------------------------------------- */

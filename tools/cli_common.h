@@ -9,6 +9,10 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+/* default --draft-p-min (see dfl_spec_params.draft_p_min) */
+#define CLI_DRAFT_P_MIN 0.0f
+#define CLI_DRAFT_P_MIN_STR "0"
+
 typedef struct cli_opts {
     const char *model;        /* -m (NULL: the embedded default pair) */
     const char *draft;        /* -md */
@@ -23,6 +27,7 @@ typedef struct cli_opts {
     uint64_t seed;
     bool chat, json, no_spec, verbose, async;
     int32_t draft_max;        /* --draft-max */
+    float draft_p_min;        /* --draft-p-min */
     dfl_feature_path features;
     dfl_feature_wait feature_wait;
     int64_t feature_buffer_max; /* bytes, 0: no cap */

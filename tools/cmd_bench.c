@@ -172,6 +172,7 @@ static bool gen_spec(bench *b, dfl_feature_path fp, dfl_feature_wait wait, const
     dfl_error err = {0};
     dfl_spec_params sp = dfl_spec_default_params();
     sp.n_draft = b->o.draft_max;
+    sp.draft_p_min = b->o.draft_p_min;
     sp.features = fp;
     sp.wait = wait;
     dfl_spec *spec = dfl_spec_new(b->s.tctx, b->s.dctx, &sp, &err);

@@ -25,6 +25,8 @@ struct dfl_spec {
     dfl_sampler *sampler;   /* the target's sampling transforms (temp > 0) */
     int32_t *last;          /* [n_seq] committed token not yet in the target's cache, -1: idle */
     int32_t *draft;         /* [n_seq, n_draft] */
+    int32_t *n_use;         /* [n_seq] drafts verified this step (<= n_draft; draft_p_min cut) */
+    float *dlogits;         /* [n_seq * n_draft, n_vocab] drafter logits (draft_p_min > 0 only) */
     dfl_batch *verify;      /* [n_seq * (n_draft+1)] token entries */
     dfl_batch *inject;      /* drafter injection entries (features or rows) */
     float *probs;           /* [n_draft+1, n_vocab] target distributions of one sequence (temp > 0) */
@@ -62,6 +64,8 @@ void dfl_spec_free(dfl_spec *s) {
     free(s->draft);
     free(s->probs);
     free(s->vidx);
+    free(s->n_use);
+    free(s->dlogits);
     free(s);
 }
 
@@ -77,6 +81,10 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     dfl_spec_params p = params ? *params : dfl_spec_default_params();
     const dfl_hparams *dh = &dft->model->hp;
     if (p.n_draft == 0) p.n_draft = (int32_t)(dh->block_size - 1);
+    if (!(p.draft_p_min >= 0.0f && p.draft_p_min <= 1.0f)) {
+        error_set(err, DFL_ERR_INVALID, "draft_p_min %g is outside [0, 1]", (double)p.draft_p_min);
+        return NULL;
+    }
     if (p.n_draft < 1 || p.n_draft > dh->block_size - 1) {
         error_set(err, DFL_ERR_INVALID, "draft length %d is outside 1..%lld (the drafter's block_size %lld - 1)", p.n_draft,
                   (long long)(dh->block_size - 1), (long long)dh->block_size);
@@ -114,6 +122,10 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     s->last = malloc((size_t)n_seq * sizeof(int32_t));
     s->draft = calloc((size_t)n_seq * (size_t)p.n_draft, sizeof(int32_t));
     s->vidx = calloc((size_t)n_seq, sizeof(int64_t));
+    s->n_use = calloc((size_t)n_seq, sizeof(int32_t));
+    if (p.draft_p_min > 0.0f) {
+        s->dlogits = malloc((size_t)n_seq * (size_t)p.n_draft * (size_t)s->n_vocab * sizeof(float));
+    }
     s->verify = dfl_batch_init(n_verify, 0, 1, err);
     const int64_t n_inject = tgt->params.n_batch > n_verify ? tgt->params.n_batch : n_verify;
     /* the feature path: the device buffer unless asked otherwise or impossible */
@@ -130,8 +142,9 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     dft->wait_on_device = p.wait == DFL_WAIT_DEVICE;
     s->inject = dfl_batch_init(n_inject, s->path == DFL_FEATURES_HOST ? s->width : 0, 1, err);
     if (p.temp > 0.0f) s->probs = malloc((size_t)(p.n_draft + 1) * (size_t)s->n_vocab * sizeof(float));
-    if (s->sampler == NULL || s->last == NULL || s->draft == NULL || s->vidx == NULL || s->verify == NULL ||
-        s->inject == NULL || (p.temp > 0.0f && s->probs == NULL)) {
+    if (s->sampler == NULL || s->last == NULL || s->draft == NULL || s->vidx == NULL || s->n_use == NULL ||
+        s->verify == NULL || s->inject == NULL || (p.temp > 0.0f && s->probs == NULL) ||
+        (p.draft_p_min > 0.0f && s->dlogits == NULL)) {
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the speculative session");
         dfl_spec_free(s);
         return NULL;
@@ -243,10 +256,30 @@ dfl_status dfl_spec_prefill(dfl_spec *s, int32_t seq, const int32_t *prompt, int
     return DFL_OK;
 }
 
+/* The drafter's probability of token t in its logits row l [n_vocab] (softmax). */
+static double draft_prob(const float *l, int64_t n_vocab, int32_t t) {
+    float max = l[0];
+    for (int64_t v = 1; v < n_vocab; v++) max = l[v] > max ? l[v] : max;
+    double sum = 0.0;
+    for (int64_t v = 0; v < n_vocab; v++) sum += (double)expf(l[v] - max);
+    return (double)expf(l[t] - max) / sum;
+}
+
+/* Drafts of one sequence kept for verification: those before the first token whose drafter
+ * probability is below p_min (rows [k, n_vocab] of the drafter's logits). */
+static int32_t draft_keep(const float *rows, const int32_t *d, int32_t k, int64_t n_vocab, float p_min) {
+    for (int32_t j = 0; j < k; j++) {
+        if (draft_prob(rows + (size_t)j * (size_t)n_vocab, n_vocab, d[j]) < (double)p_min) return j;
+    }
+    return k;
+}
+
 /*
  * One speculative step for n sequences:
  *   1. draft: one drafter pass decodes the block [last, MASK x (B-1)] of every sequence
- *      (non-causal over its injected context) -> n_draft tokens d_1..d_k per sequence;
+ *      (non-causal over its injected context) -> n_draft tokens d_1..d_k per sequence; with
+ *      draft_p_min, a sequence keeps d_1..d_m, m = the drafts before the first one whose drafter
+ *      probability is below it (below, k stands for the sequence's m);
  *   2. verify: one target batch of [last, d_1..d_k] per sequence at positions start..start+k,
  *      logits at every entry, layer inputs captured;
  *   3. accept: a = the longest prefix with d_{i+1} == argmax(logits_i) (greedy), or the
@@ -274,7 +307,7 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
 
     /* 1. draft */
     double t0 = now_ms();
-    dfl_status st = drafter_draft(s->dft, n, seqs, last_of, k, s->draft, NULL, err);
+    dfl_status st = drafter_draft(s->dft, n, seqs, last_of, k, s->draft, s->dlogits, err);
     if (st != DFL_OK) return st;
     double t1 = now_ms();
     s->stats.t_draft_ms += t1 - t0;
@@ -289,13 +322,19 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
             }
         }
     }
+    for (int32_t i = 0; i < n; i++) {
+        s->n_use[i] = s->dlogits == NULL ? k
+                                         : draft_keep(s->dlogits + (size_t)i * (size_t)k * (size_t)s->n_vocab,
+                                                      s->draft + (size_t)i * (size_t)k, k, s->n_vocab,
+                                                      s->params.draft_p_min);
+    }
 
     /* 2. verify */
     dfl_batch_clear(s->verify);
     for (int32_t i = 0; i < n; i++) {
         const int64_t start = dfl_seq_len(s->tgt, seqs[i]);
         s->vidx[i] = s->verify->n_tokens;
-        for (int32_t j = 0; j <= k; j++) {
+        for (int32_t j = 0; j <= s->n_use[i]; j++) {
             const int32_t pos = (int32_t)(start + j);
             const int32_t tok = j == 0 ? last_of[i] : s->draft[i * k + (j - 1)];
             dfl_batch_add_token(s->verify, tok, &pos, seqs[i], true);
@@ -310,20 +349,21 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
     for (int32_t i = 0; i < n; i++) {
         const int32_t seq = seqs[i];
         const int32_t *d = s->draft + (size_t)i * (size_t)k;
-        const int64_t start = dfl_seq_len(s->tgt, seq) - (k + 1);
+        const int32_t m = s->n_use[i];
+        const int64_t start = dfl_seq_len(s->tgt, seq) - (m + 1);
         int64_t a = 0;
         int32_t next = -1;
         if (s->params.temp <= 0.0f) {
-            while (a < k && d[a] == argmax_row(dfl_get_logits(s->tgt, s->vidx[i] + a), s->n_vocab)) a++;
+            while (a < m && d[a] == argmax_row(dfl_get_logits(s->tgt, s->vidx[i] + a), s->n_vocab)) a++;
             next = argmax_row(dfl_get_logits(s->tgt, s->vidx[i] + a), s->n_vocab);
         } else {
-            for (int32_t j = 0; j <= k; j++) {
+            for (int32_t j = 0; j <= m; j++) {
                 st = sampler_probs(s->sampler, dfl_get_logits(s->tgt, s->vidx[i] + j), s->probs + (size_t)j * (size_t)s->n_vocab,
                                    err);
                 if (st != DFL_OK) return st;
             }
             spec_verify_result res;
-            st = spec_verify(s->n_vocab, k, d, NULL, s->probs, sampler_rng(s->sampler), &res, err);
+            st = spec_verify(s->n_vocab, m, d, NULL, s->probs, sampler_rng(s->sampler), &res, err);
             if (st != DFL_OK) return st;
             a = res.n_accepted;
             next = res.next_token;
@@ -335,7 +375,7 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
         dfl_seq_remove(s->tgt, seq, start + a + 1, NULL);
         s->last[seq] = next;
         s->stats.n_steps++;
-        s->stats.n_drafted += k;
+        s->stats.n_drafted += m;
         s->stats.n_accepted += a;
         s->stats.accept_hist[a]++;
     }

@@ -1,7 +1,7 @@
 /* bench_ops.c: `make bench-ops`: matmul throughput of the CPU backend on the Qwen3-0.6B shapes
  * (weights read from memory: cycled copies > the caches, and cache-resident), 1 and 16 rows,
  * in GB/s of weights and G(int)op/s, next to the machine limits given on the command line.
- * Usage: bench_ops [n_threads (2)] [mem_GBps (34)] [int8_TOPS (1.87)] [n_shapes (all)] */
+ * Usage: bench_ops [n_threads (2)] [mem_GBps (34)] [int8_TOPS (1.87)] [n_shapes (all)] [first shape (0)] */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_bench.h"
 
@@ -32,9 +32,13 @@ int main(int argc, char **argv) {
         {QUANT_TYPE_Q8_0, 1024, 3072}, {QUANT_TYPE_Q8_0, 3072, 1024}, {QUANT_TYPE_Q8_0, 1024, 151936},
         {QUANT_TYPE_Q4_0, 1024, 3072}, {QUANT_TYPE_Q4_K, 1024, 3072}, {QUANT_TYPE_Q6_K, 1024, 3072},
         {QUANT_TYPE_F16, 1024, 3072},  {QUANT_TYPE_BF16, 1024, 3072}, {QUANT_TYPE_F32, 1024, 3072},
+        /* the embedded pair's shapes (F16, n_embd 256, n_ff 768, vocab 4096) */
+        {QUANT_TYPE_F16, 256, 768},    {QUANT_TYPE_F16, 768, 256},    {QUANT_TYPE_F16, 256, 4096},
     };
-    const size_t n_shapes = argc > 4 ? (size_t)atoi(argv[4]) : sizeof(shapes) / sizeof(shapes[0]);
-    for (size_t s = 0; s < n_shapes; s++) {
+    const size_t n_all = sizeof(shapes) / sizeof(shapes[0]);
+    const size_t n_shapes = argc > 4 && (size_t)atoi(argv[4]) < n_all ? (size_t)atoi(argv[4]) : n_all;
+    const size_t first = argc > 5 && (size_t)atoi(argv[5]) < n_shapes ? (size_t)atoi(argv[5]) : 0;
+    for (size_t s = first; s < n_shapes; s++) {
         for (int cold = 1; cold >= 0; cold--) {
             if (!cold && shapes[s].n_out > 100000) continue; /* does not fit a cache anyway */
             double ms1 = 0;

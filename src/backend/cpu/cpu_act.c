@@ -216,6 +216,12 @@ void cpu_kernels_init_ref(cpu_kernels *k) {
     k->dot_f16 = dot_f16_ref;
     k->axpy_f16 = axpy_f16_ref;
     k->softmax_row = cpu_softmax_row_ref;
+    k->rmsnorm_row = cpu_rmsnorm_row_ref;
+    k->swiglu_row = cpu_swiglu_row_ref;
+    k->add_row = cpu_add_row_ref;
+    k->mul_row = cpu_mul_row_ref;
+    k->argmax_row = cpu_argmax_row_ref;
+    k->f16_row = cpu_f16_row_ref;
 }
 
 void cpu_kernels_select(cpu_kernels *k, uint32_t features) {

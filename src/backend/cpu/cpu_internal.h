@@ -79,6 +79,15 @@ typedef void (*cpu_axpy_f16_fn)(float *y, float a, const uint16_t *x, int64_t n)
  * be s. Same contract as cpu_softmax_row_ref, exp within a few ulp. */
 typedef void (*cpu_softmax_fn)(float *p, const float *s, int64_t n);
 
+/* Light-op rows (contiguous f32 rows; same contracts as the reference ops in cpu_ops_ref.c):
+ * rmsnorm d = x / sqrt(mean(x^2) + eps) * w (w may be NULL); swiglu d = silu(g) * u;
+ * add/mul d = a op b; argmax: the first index of the maximum; f16 d = x rounded to nearest even. */
+typedef void (*cpu_rmsnorm_row_fn)(float *d, const float *x, const float *w, int64_t n, float eps);
+typedef void (*cpu_swiglu_row_fn)(float *d, const float *g, const float *u, int64_t n);
+typedef void (*cpu_binary_row_fn)(float *d, const float *a, const float *b, int64_t n);
+typedef int32_t (*cpu_argmax_row_fn)(const float *x, int64_t n);
+typedef void (*cpu_f16_row_fn)(uint16_t *d, const float *x, int64_t n);
+
 typedef struct cpu_kernels {
     const char *name;                     /* "scalar", "avx2", "avx512" */
     cpu_matmul_fn matmul[QUANT_TYPE_COUNT]; /* by weight type; NULL = unsupported */
@@ -86,6 +95,11 @@ typedef struct cpu_kernels {
     cpu_dot_f16_fn dot_f16;
     cpu_axpy_f16_fn axpy_f16;
     cpu_softmax_fn softmax_row;
+    cpu_rmsnorm_row_fn rmsnorm_row;
+    cpu_swiglu_row_fn swiglu_row;
+    cpu_binary_row_fn add_row, mul_row;
+    cpu_argmax_row_fn argmax_row;
+    cpu_f16_row_fn f16_row;
 } cpu_kernels;
 
 /* Fills k for the feature bits (backend_cpu_feature) usable on this machine. */

@@ -15,6 +15,7 @@
  *   int32; the Q4_K mins and the Q6_K -32 offset come from the Q8_K sums of 16.
  * - F32 / F16 / BF16: weights converted to f32 16 at a time, FMA with the (f16/bf16-rounded) rows. */
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_ops_ref.h"
 #include "base/fp16.h"
 
 #if defined(__x86_64__)
@@ -650,45 +651,83 @@ T512 INL __m512 load_w16(const void *p, int64_t i, const int WT, __mmask16 m) {
     }
 }
 
-T512 INL void f_tile(const void *wrow, const int WT, const cpu_act *act, int64_t r0, const int NT, float *dst,
-                     int64_t ds, int64_t o) {
-    const int64_t n = act->n_in;
-    __m512 acc[16];
+/* 4 weight rows x NT (<= 6) activation rows per step: per 16 inputs, 4 weight vectors (converted
+ * once) and NT activation vectors feed 4 * NT FMAs, so the FMA units, not the loads, are the limit
+ * (24 accumulators + 4 weights + 1 activation fit the 32 registers). Each (weight row, activation
+ * row) pair accumulates over i in the same order as a 1 x 1 tile and is reduced by hsum16_tree, so
+ * the result does not depend on the tile (batch invariance). Missing weight rows (no < 4) repeat
+ * the last one and are not stored. */
+#define F_WR 4
+#define F_NT 6
+
+/* Stores the sums of accumulators a0 .. a0 + NA - 1 of a 4 x NT tile (a = j * NT + r). */
+T512 INL void f_tile_store(const __m512 *acc, const int NA, const int a0, const int NT, int no, float *dst,
+                           int64_t r0, int64_t ds, int64_t o) {
+    float tmp[16] __attribute__((aligned(64)));
+    _mm512_store_ps(tmp, hsum16_tree(acc, NA));
 #pragma GCC unroll 16
-    for (int r = 0; r < NT; r++) acc[r] = _mm512_setzero_ps();
+    for (int a = 0; a < NA; a++) {
+        const int j = (a0 + a) / NT, r = (a0 + a) % NT;
+        if (j < no) dst[(r0 + r) * ds + o + j] = tmp[a];
+    }
+}
+
+T512 INL void f_tile4(const void *w, size_t w_nb1, const int WT, int no, const cpu_act *act, int64_t r0,
+                      const int NT, float *dst, int64_t ds, int64_t o) {
+    const int64_t n = act->n_in;
+    const void *wr[F_WR];
+#pragma GCC unroll 4
+    for (int j = 0; j < F_WR; j++) wr[j] = (const char *)w + (size_t)(o + (j < no ? j : no - 1)) * w_nb1;
+    const float *xr = act->f + r0 * n;
+    __m512 acc[F_WR * F_NT];
+#pragma GCC unroll 24
+    for (int a = 0; a < F_WR * NT; a++) acc[a] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m512 wv = load_w16(wrow, i, WT, 0xffff);
-#pragma GCC unroll 16
-        for (int r = 0; r < NT; r++) acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(act->f + (r0 + r) * n + i), acc[r]);
+        __m512 wv[F_WR];
+#pragma GCC unroll 4
+        for (int j = 0; j < F_WR; j++) wv[j] = load_w16(wr[j], i, WT, 0xffff);
+#pragma GCC unroll 6
+        for (int r = 0; r < NT; r++) {
+            const __m512 xv = _mm512_loadu_ps(xr + r * n + i);
+#pragma GCC unroll 4
+            for (int j = 0; j < F_WR; j++) acc[j * NT + r] = _mm512_fmadd_ps(wv[j], xv, acc[j * NT + r]);
+        }
     }
     if (i < n) {
         const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        const __m512 wv = load_w16(wrow, i, WT, m);
-#pragma GCC unroll 16
+        __m512 wv[F_WR];
+#pragma GCC unroll 4
+        for (int j = 0; j < F_WR; j++) wv[j] = load_w16(wr[j], i, WT, m);
+#pragma GCC unroll 6
         for (int r = 0; r < NT; r++) {
-            acc[r] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, act->f + (r0 + r) * n + i), acc[r]);
+            const __m512 xv = _mm512_maskz_loadu_ps(m, xr + r * n + i);
+#pragma GCC unroll 4
+            for (int j = 0; j < F_WR; j++) acc[j * NT + r] = _mm512_fmadd_ps(wv[j], xv, acc[j * NT + r]);
         }
     }
-    store_sums(acc, NT, dst, r0, ds, o);
+    /* reduce 16 accumulators at a time; accumulator a = j * NT + r */
+    f_tile_store(acc, F_WR * NT <= 16 ? F_WR * NT : 16, 0, NT, no, dst, r0, ds, o);
+    if (F_WR * NT > 16) f_tile_store(acc + 16, F_WR * NT - 16, 16, NT, no, dst, r0, ds, o);
 }
 
-T512 INL void f_rows(const void *wrow, const int WT, const cpu_act *act, int64_t rt, int nt, float *dst, int64_t ds,
-                     int64_t o) {
-#define CALL(N) f_tile(wrow, WT, act, rt, N, dst, ds, o)
-    TILE_SWITCH(nt, CALL)
-#undef CALL
-}
-
-#define MM_F(NAME, WT)                                                                                        \
-    T512 static void NAME(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst, \
-                          int64_t ds, int64_t o0, int64_t o1) {                                               \
-        for (int64_t o = o0; o < o1; o++) {                                                                   \
-            const void *wrow = (const char *)w + (size_t)o * w_nb1;                                          \
-            for (int64_t rt = r0; rt < r0 + nr; rt += 16) {                                                  \
-                f_rows(wrow, WT, act, rt, r0 + nr - rt >= 16 ? 16 : (int)(r0 + nr - rt), dst, ds, o);         \
-            }                                                                                                 \
-        }                                                                                                     \
+#define MM_F(NAME, WT)                                                                                         \
+    T512 static void NAME(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,  \
+                          int64_t ds, int64_t o0, int64_t o1) {                                                \
+        for (int64_t o = o0; o < o1; o += F_WR) {                                                              \
+            const int no = o1 - o >= F_WR ? F_WR : (int)(o1 - o);                                              \
+            for (int64_t rt = r0; rt < r0 + nr; rt += F_NT) {                                                  \
+                const int nt = r0 + nr - rt >= F_NT ? F_NT : (int)(r0 + nr - rt);                              \
+                switch (nt) {                                                                                  \
+                case 1: f_tile4(w, w_nb1, WT, no, act, rt, 1, dst, ds, o); break;                              \
+                case 2: f_tile4(w, w_nb1, WT, no, act, rt, 2, dst, ds, o); break;                              \
+                case 3: f_tile4(w, w_nb1, WT, no, act, rt, 3, dst, ds, o); break;                              \
+                case 4: f_tile4(w, w_nb1, WT, no, act, rt, 4, dst, ds, o); break;                              \
+                case 5: f_tile4(w, w_nb1, WT, no, act, rt, 5, dst, ds, o); break;                              \
+                default: f_tile4(w, w_nb1, WT, no, act, rt, 6, dst, ds, o); break;                             \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
     }
 MM_F(mm_f32_512, 0)
 MM_F(mm_f16_512, 1)
@@ -777,6 +816,95 @@ T512 static void softmax_row_512(float *p, const float *s, int64_t n) {
     }
 }
 
+/* ---- light-op rows --------------------------------------------------------------------------- */
+
+/* Same products and final roundings as cpu_rmsnorm_row_ref; the f64 sum of squares runs in 16
+ * lanes (the order differs, so the mean may differ from the reference's in its last f64 bits). */
+T512 static void rmsnorm_row_512(float *d, const float *x, const float *w, int64_t n, float eps) {
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i), sq = _mm512_mul_ps(v, v);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(sq)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(sq, 1)));
+    }
+    double sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    for (; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / (double)n);
+    const __m512 sc = _mm512_set1_ps(1.0f / sqrtf(mean + eps));
+    for (i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), sc);
+        if (w != NULL) y = _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, w + i));
+        _mm512_mask_storeu_ps(d + i, m, y);
+    }
+}
+
+/* silu(g) * u with e = e^-|g| (never overflows): g >= 0: g / (1 + e), else g e / (1 + e). */
+T512 static void swiglu_row_512(float *d, const float *g, const float *u, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+        const __m512 e = exp_neg512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gv)));
+        const __mmask16 neg = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_LT_OQ);
+        const __m512 num = _mm512_mask_mul_ps(gv, neg, gv, e);
+        const __m512 s = _mm512_div_ps(num, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(d + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
+T512 static void add_row_512(float *d, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
+    }
+}
+
+T512 static void mul_row_512(float *d, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(d + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
+    }
+}
+
+/* The first index of the maximum; rows with a NaN take the reference's scan (its NaN rules). */
+T512 static int32_t argmax_row_512(const float *x, int64_t n) {
+    if (n < 16) return cpu_argmax_row_ref(x, n);
+    __m512 mx = _mm512_loadu_ps(x);
+    __mmask16 nan = _mm512_cmp_ps_mask(mx, mx, _CMP_UNORD_Q);
+    int64_t i = 16;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, v);
+    }
+    float best = _mm512_reduce_max_ps(mx);
+    for (int64_t j = i; j < n; j++) {
+        if (x[j] != x[j]) nan = 1;
+        best = x[j] > best ? x[j] : best;
+    }
+    if (nan) return cpu_argmax_row_ref(x, n);
+    const __m512 bv = _mm512_set1_ps(best);
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), bv, _CMP_EQ_OQ);
+        if (eq) return (int32_t)(i + __builtin_ctz((unsigned)eq));
+    }
+    for (; i < n; i++) {
+        if (x[i] == best) return (int32_t)i;
+    }
+    return 0;
+}
+
+/* Round to nearest even, as fp32_to_fp16 (NaNs keep a quiet NaN, maybe another payload). */
+T512 static void f16_row_512(uint16_t *d, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(d + i, m, h);
+    }
+}
+
 void cpu_kernels_init_avx512(cpu_kernels *k) {
     k->name = "avx512";
     k->matmul[QUANT_TYPE_F32] = mm_f32_512;
@@ -796,6 +924,12 @@ void cpu_kernels_init_avx512(cpu_kernels *k) {
     k->dot_f16 = dot_f16_512;
     k->axpy_f16 = axpy_f16_512;
     k->softmax_row = softmax_row_512;
+    k->rmsnorm_row = rmsnorm_row_512;
+    k->swiglu_row = swiglu_row_512;
+    k->add_row = add_row_512;
+    k->mul_row = mul_row_512;
+    k->argmax_row = argmax_row_512;
+    k->f16_row = f16_row_512;
 }
 
 #else

@@ -91,8 +91,80 @@ static backend_op slice_op(const backend_op *op, int dim, int64_t i0, int64_t n)
     return s;
 }
 
+/* ---- light ops on contiguous rows: the row kernels (SIMD where the CPU has them) ----------- */
+
+static bool rows_f32(const tensor *t) { return t->type == QUANT_TYPE_F32 && t->nb[0] == sizeof(float); }
+
+/* d = a op b with b broadcast by index modulo its extents, a row of b as long as a's. */
+static void light_binary(const backend_op *op, cpu_binary_row_fn fn) {
+    const tensor *a = &op->src[0], *b = &op->src[1], *d = &op->dst;
+    for (int64_t i3 = 0; i3 < a->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < a->ne[2]; i2++)
+            for (int64_t i1 = 0; i1 < a->ne[1]; i1++) {
+                const char *ar = (const char *)a->data + (size_t)i1 * a->nb[1] + (size_t)i2 * a->nb[2] + (size_t)i3 * a->nb[3];
+                const char *br = (const char *)b->data + (size_t)(i1 % b->ne[1]) * b->nb[1] +
+                                 (size_t)(i2 % b->ne[2]) * b->nb[2] + (size_t)(i3 % b->ne[3]) * b->nb[3];
+                char *dr = (char *)d->data + (size_t)i1 * d->nb[1] + (size_t)i2 * d->nb[2] + (size_t)i3 * d->nb[3];
+                fn((float *)dr, (const float *)ar, (const float *)br, a->ne[0]);
+            }
+}
+
+/* Runs a light op (or a slice of one) with the row kernels when its rows are contiguous f32, and
+ * with the reference code otherwise. */
+static void light_run(const cpu_kernels *k, const backend_op *op) {
+    const tensor *x = &op->src[0], *d = &op->dst;
+    switch (op->kind) {
+    case BACKEND_OP_RMSNORM:
+        if (!rows_f32(x) || !rows_f32(d) || (op->src[1].data != NULL && !rows_f32(&op->src[1]))) break;
+        for (int64_t ir = 0; ir < tensor_nrows(x); ir++) {
+            k->rmsnorm_row((float *)cpu_row_ptr(d, ir), (const float *)cpu_row_ptr(x, ir),
+                           (const float *)op->src[1].data, x->ne[0], op->f[0]);
+        }
+        return;
+    case BACKEND_OP_SWIGLU:
+        if (!rows_f32(x) || !rows_f32(&op->src[1]) || !rows_f32(d)) break;
+        for (int64_t ir = 0; ir < tensor_nrows(x); ir++) {
+            k->swiglu_row((float *)cpu_row_ptr(d, ir), (const float *)cpu_row_ptr(x, ir),
+                          (const float *)cpu_row_ptr(&op->src[1], ir), x->ne[0]);
+        }
+        return;
+    case BACKEND_OP_ADD:
+    case BACKEND_OP_MUL:
+        if (!rows_f32(x) || !rows_f32(&op->src[1]) || !rows_f32(d) || op->src[1].ne[0] != x->ne[0]) break;
+        light_binary(op, op->kind == BACKEND_OP_ADD ? k->add_row : k->mul_row);
+        return;
+    case BACKEND_OP_ARGMAX:
+        if (!rows_f32(x)) break;
+        for (int64_t r = 0; r < x->ne[1]; r++) {
+            *(int32_t *)((char *)d->data + (size_t)r * d->nb[0]) =
+                k->argmax_row((const float *)((const char *)x->data + (size_t)r * x->nb[1]), x->ne[0]);
+        }
+        return;
+    case BACKEND_OP_SET_ROWS:
+        if (!rows_f32(x) || d->type != QUANT_TYPE_F16 || d->nb[0] != sizeof(uint16_t) || op->src[1].type != QUANT_TYPE_I32) {
+            break;
+        }
+        for (int64_t r = 0; r < x->ne[1]; r++) {
+            const int32_t id = *(const int32_t *)((const char *)op->src[1].data + (size_t)r * op->src[1].nb[0]);
+            if (id < 0 || id >= d->ne[1]) {
+                cpu_op_ref(op); /* reports the bad index */
+                return;
+            }
+        }
+        for (int64_t r = 0; r < x->ne[1]; r++) {
+            const int32_t id = *(const int32_t *)((const char *)op->src[1].data + (size_t)r * op->src[1].nb[0]);
+            k->f16_row((uint16_t *)((char *)d->data + (size_t)id * d->nb[1]),
+                       (const float *)((const char *)x->data + (size_t)r * x->nb[1]), x->ne[0]);
+        }
+        return;
+    default: break;
+    }
+    cpu_op_ref(op);
+}
+
 typedef struct split_job {
     const backend_op *op;
+    const cpu_kernels *k;
     int dim;
     int64_t n;
 } split_job;
@@ -102,11 +174,11 @@ static void split_fn(void *ctx, int ith, int nth) {
     const int64_t i0 = job->n * ith / nth, i1 = job->n * (ith + 1) / nth;
     if (i1 <= i0) return;
     backend_op s = slice_op(job->op, job->dim, i0, i1 - i0);
-    cpu_op_ref(&s);
+    light_run(job->k, &s);
 }
 
 static void exec_light(cpu_backend *be, const backend_op *op) {
-    split_job job = {op, 1, 1};
+    split_job job = {op, &be->kernels, 1, 1};
     job.dim = split_dim(op, &job.n);
     const tensor *big = op->kind == BACKEND_OP_SET_ROWS || op->kind == BACKEND_OP_ARGMAX ? &op->src[0] : &op->dst;
     int nth = cpu_pool_size(be->pool);
@@ -114,7 +186,7 @@ static void exec_light(cpu_backend *be, const backend_op *op) {
     if (tensor_nelements(big) < 65536 || job.n < 2) nth = 1;
     if (nth > job.n) nth = (int)job.n;
     if (nth == 1) {
-        cpu_op_ref(op);
+        light_run(&be->kernels, op);
         return;
     }
     cpu_pool_run(be->pool, nth, split_fn, &job);

@@ -60,22 +60,23 @@ void cpu_op_matmul_ref(const backend_op *op) {
     free(wrow);
 }
 
+void cpu_rmsnorm_row_ref(float *d, const float *x, const float *w, int64_t n, float eps) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / (double)n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = 0; i < n; i++) {
+        float y = x[i] * scale;
+        d[i] = w ? y * w[i] : y;
+    }
+}
+
 void cpu_op_rmsnorm_ref(const backend_op *op) {
     const tensor *x = &op->src[0], *w = &op->src[1], *d = &op->dst;
     const int64_t n = x->ne[0], nrows = tensor_nrows(x);
-    const float eps = op->f[0];
-    const float *wv = (const float *)w->data; /* NULL: no weight */
     for (int64_t ir = 0; ir < nrows; ir++) {
-        const float *xr = (const float *)cpu_row_ptr(x, ir);
-        float *dr = (float *)cpu_row_ptr(d, ir);
-        double sum = 0.0;
-        for (int64_t i = 0; i < n; i++) sum += (double)(xr[i] * xr[i]);
-        const float mean = (float)(sum / (double)n);
-        const float scale = 1.0f / sqrtf(mean + eps);
-        for (int64_t i = 0; i < n; i++) {
-            float y = xr[i] * scale;
-            dr[i] = wv ? y * wv[i] : y;
-        }
+        cpu_rmsnorm_row_ref((float *)cpu_row_ptr(d, ir), (const float *)cpu_row_ptr(x, ir), (const float *)w->data, n,
+                            op->f[0]);
     }
 }
 
@@ -234,12 +235,35 @@ void cpu_op_mul_ref(const backend_op *op) { binary_ref(op, 1); }
 
 float cpu_silu_ref(float x) { return x / (1.0f + expf(-x)); }
 
+void cpu_swiglu_row_ref(float *d, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) d[i] = cpu_silu_ref(g[i]) * u[i];
+}
+
+void cpu_add_row_ref(float *d, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) d[i] = a[i] + b[i];
+}
+
+void cpu_mul_row_ref(float *d, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) d[i] = a[i] * b[i];
+}
+
+int32_t cpu_argmax_row_ref(const float *x, int64_t n) {
+    int32_t best = 0;
+    for (int64_t i = 1; i < n; i++) {
+        if (x[i] > x[best]) best = (int32_t)i;
+    }
+    return best;
+}
+
+void cpu_f16_row_ref(uint16_t *d, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) d[i] = fp32_to_fp16(x[i]);
+}
+
 void cpu_op_swiglu_ref(const backend_op *op) {
     const tensor *g = &op->src[0], *u = &op->src[1], *d = &op->dst;
     for (int64_t ir = 0; ir < tensor_nrows(g); ir++) {
         const float *gr = (const float *)cpu_row_ptr(g, ir), *ur = (const float *)cpu_row_ptr(u, ir);
-        float *dr = (float *)cpu_row_ptr(d, ir);
-        for (int64_t i = 0; i < g->ne[0]; i++) dr[i] = cpu_silu_ref(gr[i]) * ur[i];
+        cpu_swiglu_row_ref((float *)cpu_row_ptr(d, ir), gr, ur, g->ne[0]);
     }
 }
 
@@ -276,12 +300,8 @@ void cpu_op_argmax_ref(const backend_op *op) {
     const tensor *a = &op->src[0], *d = &op->dst;
     for (int64_t r = 0; r < a->ne[1]; r++) {
         const float *ar = (const float *)((const char *)a->data + (size_t)r * a->nb[1]);
-        int32_t best = 0;
-        for (int64_t i = 1; i < a->ne[0]; i++) {
-            if (ar[i] > ar[best]) best = (int32_t)i;
-        }
         int32_t *dr = (int32_t *)elem_ptr(d, r, 0, 0, 0);
-        *dr = best;
+        *dr = cpu_argmax_row_ref(ar, a->ne[0]);
     }
 }
 

@@ -37,6 +37,13 @@ static inline char *cpu_row_ptr(const tensor *t, int64_t ir) {
 void cpu_rope_cache(float *cs, float p, float freq_base, int32_t n_rot);
 /* silu(x) = x / (1 + e^-x) as llama.cpp computes it in f32. */
 float cpu_silu_ref(float x);
+/* The row kernels of the light ops (cpu_kernels' scalar versions; the ops above use them). */
+void cpu_rmsnorm_row_ref(float *d, const float *x, const float *w, int64_t n, float eps);
+void cpu_swiglu_row_ref(float *d, const float *g, const float *u, int64_t n);
+void cpu_add_row_ref(float *d, const float *a, const float *b, int64_t n);
+void cpu_mul_row_ref(float *d, const float *a, const float *b, int64_t n);
+int32_t cpu_argmax_row_ref(const float *x, int64_t n);
+void cpu_f16_row_ref(uint16_t *d, const float *x, int64_t n);
 /* Row softmax of n scores s (already scaled and masked; -INFINITY = excluded) into p (f64 sum,
  * max-subtracted). A row without any finite score gives zeros. */
 void cpu_softmax_row_ref(float *p, const float *s, int64_t n);

@@ -823,6 +823,19 @@ TEST(backend_light_row_kernels) {
             kr.f16_row(h2, a, n);
             CHECK_MSG(memcmp(h1, h2, (size_t)n * 2) == 0, "f16 row (n %lld) differs", (long long)n);
         }
+        /* attention P V: awkward head sizes, row counts across the 6-row tile, strided values */
+        static const int64_t hds[] = {8, 64, 72, 130}, nqs[] = {1, 5, 6, 7, 13}, nkvs[] = {1, 37};
+        for (size_t hi = 0; hi < 4; hi++)
+            for (size_t qi = 0; qi < 5; qi++)
+                for (size_t ki = 0; ki < 2; ki++) {
+                    const int64_t hd = hds[hi], nq = nqs[qi], nkv = nkvs[ki], vstride = hd + 3, ldp = nkv + 2;
+                    REQUIRE(nkv * vstride <= 8192 && nq * ldp <= 8192 && nq * hd <= 8192);
+                    fill_f32(&r, b, nq * ldp, 1.0f);
+                    for (int64_t i = 0; i < nkv * vstride; i++) h1[i] = fp32_to_fp16(rng_f(&r));
+                    ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd);
+                    kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd);
+                    close_enough(t, "attention P V", d1, d2, nq * hd, 1e-6, 1e-5);
+                }
     }
     free(a); free(b); free(d1); free(d2); free(h1); free(h2);
 }

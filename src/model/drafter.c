@@ -5,10 +5,13 @@
  *     f = rmsnorm(fc f_raw) * enc_output_norm                          [n_embd]
  *     per draft layer j: K/V cache_j[p] = rope(rmsnorm_per_head(Wk_j f) * k_norm_j, p), Wv_j f
  *                        (the fused feature does NOT pass through attn_norm)
- *   draft (per sequence, start = its context length):
- *     x = token_embd[last, MASK x (B-1)] at positions start .. start+B-1
- *     per draft layer: a Qwen3 block whose attention is NON-causal over cells [0, start+B)
- *     logits = output(rmsnorm(x[1..B-1]) * output_norm)   -> argmax = draft tokens
+ *   draft (per sequence, start = its context length; k = the draft length, at most B-1):
+ *     x = token_embd[last, MASK x k] at positions start .. start+k
+ *     per draft layer: a Qwen3 block whose attention is NON-causal over cells [0, start+k+1)
+ *     logits = output(rmsnorm(x[1..k]) * output_norm)   -> argmax = draft tokens
+ *     (the block is the trained one, B positions, when k = B-1; a shorter draft leaves out the
+ *     trailing masks, whose outputs nobody reads, and costs (k+1)/B of a full pass; on the
+ *     embedded pair the drafts of the kept positions come out the same, see models/README.md)
  *     drop the block's K/V (keep positions < start)                                          */
 #include "model/context.h"
 #include "model/forward_common.h"
@@ -141,12 +144,14 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         }
     }
     context_sync_pending(d);
-    /* the block as a micro-batch: sequence i's slots are entries [i*B, (i+1)*B) */
-    const int64_t n = (int64_t)n_active * B;
+    /* the block as a micro-batch of nb = n_draft + 1 positions per sequence: sequence i's slots
+     * are entries [i*nb, (i+1)*nb) */
+    const int64_t nb = (int64_t)n_draft + 1;
+    const int64_t n = (int64_t)n_active * nb;
     for (int32_t i = 0; i < n_active; i++) {
         const int64_t start = d->kv.seq_len[seqs[i]];
-        for (int64_t k = 0; k < B; k++) {
-            const int64_t e = i * B + k;
+        for (int64_t k = 0; k < nb; k++) {
+            const int64_t e = i * nb + k;
             d->blk_tok[e] = k == 0 ? last[i] : (int32_t)hp->mask_token_id;
             d->blk_pos[e] = (int32_t)(start + k);
             d->blk_seq[e] = seqs[i];

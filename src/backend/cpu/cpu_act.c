@@ -196,6 +196,18 @@ static void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * fp16_to_fp32(x[i]);
 }
 
+static void attn_pv_f16_ref(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v, size_t v_nb,
+                            int64_t n_kv, int64_t hd) {
+    for (int64_t r = 0; r < nq; r++) {
+        float *o = out + r * ldo;
+        for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int64_t j = 0; j < n_kv; j++) {
+            const uint16_t *vr = (const uint16_t *)((const char *)v + (size_t)j * v_nb);
+            for (int64_t i = 0; i < hd; i++) o[i] += p[r * ldp + j] * fp16_to_fp32(vr[i]);
+        }
+    }
+}
+
 void cpu_kernels_init_ref(cpu_kernels *k) {
     memset(k, 0, sizeof(*k));
     k->name = "scalar";
@@ -216,6 +228,7 @@ void cpu_kernels_init_ref(cpu_kernels *k) {
     k->dot_f16 = dot_f16_ref;
     k->axpy_f16 = axpy_f16_ref;
     k->softmax_row = cpu_softmax_row_ref;
+    k->attn_pv_f16 = attn_pv_f16_ref;
     k->rmsnorm_row = cpu_rmsnorm_row_ref;
     k->swiglu_row = cpu_swiglu_row_ref;
     k->add_row = cpu_add_row_ref;

@@ -79,6 +79,11 @@ typedef void (*cpu_axpy_f16_fn)(float *y, float a, const uint16_t *x, int64_t n)
  * be s. Same contract as cpu_softmax_row_ref, exp within a few ulp. */
 typedef void (*cpu_softmax_fn)(float *p, const float *s, int64_t n);
 
+/* Attention values: out[r * ldo + i] = sum over j = 0 .. n_kv-1 (in that order) of
+ * p[r * ldp + j] * v_j[i], for r < nq, i < hd; value row j (f16) at v + j * v_nb bytes. */
+typedef void (*cpu_attn_pv_fn)(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
+                               size_t v_nb, int64_t n_kv, int64_t hd);
+
 /* Light-op rows (contiguous f32 rows; same contracts as the reference ops in cpu_ops_ref.c):
  * rmsnorm d = x / sqrt(mean(x^2) + eps) * w (w may be NULL); swiglu d = silu(g) * u;
  * add/mul d = a op b; argmax: the first index of the maximum; f16 d = x rounded to nearest even. */
@@ -95,6 +100,7 @@ typedef struct cpu_kernels {
     cpu_dot_f16_fn dot_f16;
     cpu_axpy_f16_fn axpy_f16;
     cpu_softmax_fn softmax_row;
+    cpu_attn_pv_fn attn_pv_f16;
     cpu_rmsnorm_row_fn rmsnorm_row;
     cpu_swiglu_row_fn swiglu_row;
     cpu_binary_row_fn add_row, mul_row;

@@ -816,6 +816,62 @@ T512 static void softmax_row_512(float *p, const float *s, int64_t n) {
     }
 }
 
+/* ---- attention: P V over f16 value rows ------------------------------------------------------ */
+
+/* out[r] (+0 .. 63 of chunk i0) = sum over j ascending of p[r][j] * v_j, NR query rows at once:
+ * each value vector is converted once for NR rows. */
+T512 INL void pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, const int NR, const void *v, size_t v_nb,
+                      int64_t n_kv, int64_t i0, int64_t hd) {
+    __mmask16 m[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const int64_t left = hd - i0 - 16 * c;
+        m[c] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+    }
+    __m512 acc[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    }
+    for (int64_t j = 0; j < n_kv; j++) {
+        const uint16_t *vr = (const uint16_t *)((const char *)v + (size_t)j * v_nb) + i0;
+        __m512 vv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) vv[c] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[c], vr + 16 * c));
+#pragma GCC unroll 6
+        for (int r = 0; r < NR; r++) {
+            const __m512 pb = _mm512_set1_ps(p[r * ldp + j]);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(out + r * ldo + i0 + 16 * c, m[c], acc[r][c]);
+    }
+}
+
+T512 static void attn_pv_f16_512(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
+                                 size_t v_nb, int64_t n_kv, int64_t hd) {
+    for (int64_t i0 = 0; i0 < hd; i0 += 64) {
+        for (int64_t r0 = 0; r0 < nq; r0 += 6) {
+            const int nr = nq - r0 >= 6 ? 6 : (int)(nq - r0);
+            float *o = out + r0 * ldo;
+            const float *pr = p + r0 * ldp;
+            switch (nr) {
+            case 1: pv_tile(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, hd); break;
+            case 2: pv_tile(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, hd); break;
+            case 3: pv_tile(o, ldo, pr, ldp, 3, v, v_nb, n_kv, i0, hd); break;
+            case 4: pv_tile(o, ldo, pr, ldp, 4, v, v_nb, n_kv, i0, hd); break;
+            case 5: pv_tile(o, ldo, pr, ldp, 5, v, v_nb, n_kv, i0, hd); break;
+            default: pv_tile(o, ldo, pr, ldp, 6, v, v_nb, n_kv, i0, hd); break;
+            }
+        }
+    }
+}
+
 /* ---- light-op rows --------------------------------------------------------------------------- */
 
 /* Same products and final roundings as cpu_rmsnorm_row_ref; the f64 sum of squares runs in 16
@@ -924,6 +980,7 @@ void cpu_kernels_init_avx512(cpu_kernels *k) {
     k->dot_f16 = dot_f16_512;
     k->axpy_f16 = axpy_f16_512;
     k->softmax_row = softmax_row_512;
+    k->attn_pv_f16 = attn_pv_f16_512;
     k->rmsnorm_row = rmsnorm_row_512;
     k->swiglu_row = swiglu_row_512;
     k->add_row = add_row_512;

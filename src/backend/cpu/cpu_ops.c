@@ -255,12 +255,90 @@ static void attn_fn(void *ctx, int ith, int nth) {
     }
 }
 
+/* F16 K and V (the KV cache): an item is a kv head and up to tq query positions, i.e. rows =
+ * group * nqi query rows that share every key and value row:
+ *   S [rows, n_kv] = Q K^T by the f16 matmul kernel (the queries rounded to f16 as its
+ *   activations), then scale + mask, row softmax, the probabilities rounded to f16, and
+ *   O [rows, hd_v] = P V by attn_pv_f16 (a sum over the keys in order).
+ * A (query row, key) score and a query row's output go through the same operations whatever the
+ * tile and n_kv (masked keys add exact zeros), so a row's result does not depend on its batch. */
+#define ATTN_ROWS 8
+
+typedef struct attn16_job {
+    const backend_op *op;
+    const cpu_kernels *k;
+    int64_t tq, rows, ldk; /* query positions per item, query rows per item, score row stride */
+    float *scratch;        /* per thread: q [rows, hd], scores [rows, ldk], out [rows, hd_v] */
+    size_t per_thread;
+} attn16_job;
+
+static void attn16_fn(void *ctx, int ith, int nth) {
+    const attn16_job *job = ctx;
+    const backend_op *op = job->op;
+    const tensor *q = &op->src[0], *k = &op->src[1], *v = &op->src[2], *mask = &op->src[3], *d = &op->dst;
+    const int64_t hd = q->ne[0], nh = q->ne[1], nq = q->ne[2];
+    const int64_t nh_kv = k->ne[1], n_kv = k->ne[2], hd_v = v->ne[0];
+    const int64_t group = nh / nh_kv, ldk = job->ldk;
+    const float scale = op->f[0] != 0.0f ? op->f[0] : 1.0f / sqrtf((float)hd);
+    float *qb = job->scratch + job->per_thread * (size_t)ith;
+    float *sb = qb + job->rows * hd;
+    float *ob = sb + job->rows * ldk;
+    cpu_act act;
+    cpu_act_layout(&act, CPU_DOT_F32, hd, job->rows, qb);
+
+    const int64_t n_qt = (nq + job->tq - 1) / job->tq, n_items = nh_kv * n_qt;
+    const int64_t it0 = n_items * ith / nth, it1 = n_items * (ith + 1) / nth;
+    for (int64_t it = it0; it < it1; it++) {
+        const int64_t hk = it % nh_kv, iq0 = (it / nh_kv) * job->tq;
+        const int64_t nqi = nq - iq0 < job->tq ? nq - iq0 : job->tq, rows = nqi * group;
+        /* row r: query position iq0 + r / group, head hk * group + r % group */
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t iq = iq0 + r / group, h = hk * group + r % group;
+            job->k->act_row[QUANT_TYPE_F16](&act, r, (const float *)((const char *)q->data + (size_t)h * q->nb[1] +
+                                                                      (size_t)iq * q->nb[2]));
+        }
+        const char *kbase = (const char *)k->data + (size_t)hk * k->nb[1];
+        job->k->matmul[QUANT_TYPE_F16](kbase, k->nb[2], &act, 0, rows, sb, ldk, 0, n_kv);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *mrow = (const float *)((const char *)mask->data + (size_t)(iq0 + r / group) * mask->nb[1]);
+            float *sr = sb + r * ldk;
+            for (int64_t j = 0; j < n_kv; j++) sr[j] = mrow[j] == -INFINITY ? -INFINITY : sr[j] * scale + mrow[j];
+            job->k->softmax_row(sr, sr, n_kv);
+            for (int64_t j = 0; j < n_kv; j++) sr[j] = fp16_to_fp32(fp32_to_fp16(sr[j]));
+        }
+        const char *vbase = (const char *)v->data + (size_t)hk * v->nb[1];
+        job->k->attn_pv_f16(ob, hd_v, sb, ldk, rows, vbase, v->nb[2], n_kv, hd_v);
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t iq = iq0 + r / group, h = hk * group + r % group;
+            memcpy((char *)d->data + (size_t)h * d->nb[1] + (size_t)iq * d->nb[2], ob + r * hd_v,
+                   (size_t)hd_v * sizeof(float));
+        }
+    }
+}
+
 static void exec_attention(cpu_backend *be, const backend_op *op) {
     const tensor *q = &op->src[0], *k = &op->src[1], *v = &op->src[2];
-    const int64_t n_items = q->ne[1] * q->ne[2];
     int nth = q->ne[2] == 1 ? be->n_threads : be->n_threads_batch;
     if (nth > cpu_pool_size(be->pool)) nth = cpu_pool_size(be->pool);
-    if ((double)n_items * (double)k->ne[2] * (double)q->ne[0] < 65536.0) nth = 1;
+    if ((double)q->ne[1] * (double)q->ne[2] * (double)k->ne[2] * (double)q->ne[0] < 65536.0) nth = 1;
+    const bool f16 = k->type == QUANT_TYPE_F16 && v->type == QUANT_TYPE_F16 && k->nb[0] == 2 && v->nb[0] == 2;
+    if (f16) {
+        attn16_job job;
+        job.op = op;
+        job.k = &be->kernels;
+        const int64_t group = q->ne[1] / k->ne[1];
+        job.tq = group >= ATTN_ROWS ? 1 : ATTN_ROWS / group;
+        if (job.tq > q->ne[2]) job.tq = q->ne[2];
+        job.rows = job.tq * group;
+        job.ldk = (k->ne[2] + 15) & ~(int64_t)15;
+        const int64_t n_items = k->ne[1] * ((q->ne[2] + job.tq - 1) / job.tq);
+        if (nth > n_items) nth = (int)n_items;
+        job.per_thread = (size_t)(job.rows * (((q->ne[0] + 15) & ~(int64_t)15) + job.ldk + ((v->ne[0] + 15) & ~(int64_t)15)));
+        job.scratch = cpu_scratch(be, job.per_thread * (size_t)nth * sizeof(float));
+        cpu_pool_run(be->pool, nth, attn16_fn, &job);
+        return;
+    }
+    const int64_t n_items = q->ne[1] * q->ne[2];
     if (nth > n_items) nth = (int)n_items;
     attn_job job;
     job.op = op;

@@ -158,6 +158,8 @@ typedef enum dfl_feature_wait {
     DFL_WAIT_DEVICE = 1,
 } dfl_feature_wait;
 
+#define DFL_DRAFT_START 4
+
 typedef struct dfl_spec_params {
     int32_t n_draft;             /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
     /* adaptive draft length: a sequence's draft stops before the first token whose drafter
@@ -165,6 +167,11 @@ typedef struct dfl_spec_params {
      * only the confident part of the block (0 drafts: a plain decode step). 0: always n_draft.
      * The output is lossless whatever the cut (it depends on the drafter only). */
     float draft_p_min;
+    /* adaptive draft length: 0 = always n_draft; else each sequence's draft length moves between
+     * n_draft_min and n_draft (+2 after a step that accepted its whole draft, -1 after a step
+     * that rejected one of its drafts; it starts at DFL_DRAFT_START clamped to the range), and
+     * the drafter pass covers the longest of them. */
+    int32_t n_draft_min;
     float temp;                  /* <= 0: greedy */
     int32_t top_k;               /* target sampling transforms at temp > 0 (as dfl_sampler_params) */
     float top_p;

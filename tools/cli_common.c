@@ -25,6 +25,7 @@ void cli_opts_default(cli_opts *o) {
     o->n_batch = 512;
     o->temp = 0.0f;
     o->draft_p_min = CLI_DRAFT_P_MIN;
+    o->draft_min = CLI_DRAFT_MIN;
     o->top_k = 40;
     o->top_p = 0.95f;
     o->min_p = 0.05f;
@@ -109,6 +110,9 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
     if (!strcmp(a, "--draft-max") || !strcmp(a, "--draft")) {
         NEED_VALUE(); if (!parse_i64(v, 1, 63, &iv)) BAD("1..63"); o->draft_max = (int32_t)iv; return 1;
     }
+    if (!strcmp(a, "--draft-min")) {
+        NEED_VALUE(); if (!parse_i64(v, 0, 63, &iv)) BAD("0..63"); o->draft_min = (int32_t)iv; return 1;
+    }
     if (!strcmp(a, "--draft-p-min")) {
         NEED_VALUE(); if (!parse_f(v, 0.0f, 1.0f, &o->draft_p_min)) BAD("0..1"); return 1;
     }
@@ -162,7 +166,10 @@ void cli_print_common_help(FILE *out) {
             "  --temp T                temperature, 0 = greedy (default 0)\n"
             "  --top-k K, --top-p P, --min-p P, --repeat-penalty R, --seed S   sampling\n"
             "  --chat                  wrap the prompt in the ChatML template (non-thinking)\n"
-            "  --draft-max N           draft tokens per step (default block_size - 1)\n"
+            "  --draft-max N           draft tokens per step, at most (default block_size - 1)\n"
+            "  --draft-min N           adaptive draft length between N and --draft-max: +2 after a\n"
+            "                          fully accepted draft, -1 after a rejection (0: always\n"
+            "                          --draft-max; default " CLI_DRAFT_MIN_STR ")\n"
             "  --draft-p-min P         verify drafts only up to the first one the drafter gives a\n"
             "                          probability below P (0: the whole block; default " CLI_DRAFT_P_MIN_STR ")\n"
             "  --features host|device  how target features reach the drafter (default device;\n"
@@ -296,6 +303,7 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
         dfl_spec_params sp = dfl_spec_default_params();
         sp.n_draft = n_draft;
         sp.draft_p_min = o->draft_p_min;
+        sp.n_draft_min = o->draft_min < n_draft ? o->draft_min : n_draft;
         sp.temp = o->temp;
         sp.top_k = o->top_k;
         sp.top_p = o->top_p;

@@ -9,6 +9,9 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+/* default --draft-min (see dfl_spec_params.n_draft_min) */
+#define CLI_DRAFT_MIN 2
+#define CLI_DRAFT_MIN_STR "2"
 /* default --draft-p-min (see dfl_spec_params.draft_p_min) */
 #define CLI_DRAFT_P_MIN 0.0f
 #define CLI_DRAFT_P_MIN_STR "0"
@@ -28,6 +31,7 @@ typedef struct cli_opts {
     bool chat, json, no_spec, verbose, async;
     int32_t draft_max;        /* --draft-max */
     float draft_p_min;        /* --draft-p-min */
+    int32_t draft_min;        /* --draft-min (0: fixed draft length) */
     dfl_feature_path features;
     dfl_feature_wait feature_wait;
     int64_t feature_buffer_max; /* bytes, 0: no cap */

@@ -26,6 +26,7 @@ struct dfl_spec {
     int32_t *last;          /* [n_seq] committed token not yet in the target's cache, -1: idle */
     int32_t *draft;         /* [n_seq, n_draft] */
     int32_t *n_use;         /* [n_seq] drafts verified this step (<= n_draft; draft_p_min cut) */
+    int32_t *want;          /* [n_seq] adaptive draft length (n_draft_min > 0 only) */
     float *dlogits;         /* [n_seq * n_draft, n_vocab] drafter logits (draft_p_min > 0 only) */
     dfl_batch *verify;      /* [n_seq * (n_draft+1)] token entries */
     dfl_batch *inject;      /* drafter injection entries (features or rows) */
@@ -42,6 +43,8 @@ static double now_ms(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
+
+static int32_t draft_start(const dfl_spec *s);
 
 dfl_spec_params dfl_spec_default_params(void) {
     dfl_spec_params p;
@@ -65,6 +68,7 @@ void dfl_spec_free(dfl_spec *s) {
     free(s->probs);
     free(s->vidx);
     free(s->n_use);
+    free(s->want);
     free(s->dlogits);
     free(s);
 }
@@ -83,6 +87,11 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     if (p.n_draft == 0) p.n_draft = (int32_t)(dh->block_size - 1);
     if (!(p.draft_p_min >= 0.0f && p.draft_p_min <= 1.0f)) {
         error_set(err, DFL_ERR_INVALID, "draft_p_min %g is outside [0, 1]", (double)p.draft_p_min);
+        return NULL;
+    }
+    if (p.n_draft_min < 0 || p.n_draft_min > p.n_draft) {
+        error_set(err, DFL_ERR_INVALID, "minimum draft length %d is outside 0..%d (the draft length)", p.n_draft_min,
+                  p.n_draft);
         return NULL;
     }
     if (p.n_draft < 1 || p.n_draft > dh->block_size - 1) {
@@ -123,6 +132,7 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     s->draft = calloc((size_t)n_seq * (size_t)p.n_draft, sizeof(int32_t));
     s->vidx = calloc((size_t)n_seq, sizeof(int64_t));
     s->n_use = calloc((size_t)n_seq, sizeof(int32_t));
+    s->want = calloc((size_t)n_seq, sizeof(int32_t));
     if (p.draft_p_min > 0.0f) {
         s->dlogits = malloc((size_t)n_seq * (size_t)p.n_draft * (size_t)s->n_vocab * sizeof(float));
     }
@@ -142,14 +152,17 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     dft->wait_on_device = p.wait == DFL_WAIT_DEVICE;
     s->inject = dfl_batch_init(n_inject, s->path == DFL_FEATURES_HOST ? s->width : 0, 1, err);
     if (p.temp > 0.0f) s->probs = malloc((size_t)(p.n_draft + 1) * (size_t)s->n_vocab * sizeof(float));
-    if (s->sampler == NULL || s->last == NULL || s->draft == NULL || s->vidx == NULL || s->n_use == NULL ||
+    if (s->sampler == NULL || s->last == NULL || s->draft == NULL || s->vidx == NULL || s->n_use == NULL || s->want == NULL ||
         s->verify == NULL || s->inject == NULL || (p.temp > 0.0f && s->probs == NULL) ||
         (p.draft_p_min > 0.0f && s->dlogits == NULL)) {
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the speculative session");
         dfl_spec_free(s);
         return NULL;
     }
-    for (int32_t i = 0; i < n_seq; i++) s->last[i] = -1;
+    for (int32_t i = 0; i < n_seq; i++) {
+        s->last[i] = -1;
+        s->want[i] = draft_start(s);
+    }
     /* the device path reads the target's feature buffer in place: no host copy of features */
     tgt->features_to_host = s->path == DFL_FEATURES_HOST && tgt->feat_device;
     s->host_bytes_base = tgt->feature_host_bytes;
@@ -161,11 +174,20 @@ dfl_spec_stats dfl_spec_get_stats(const dfl_spec *s) { return s->stats; }
 const char *dfl_spec_feature_path_name(const dfl_spec *s) { return s->path == DFL_FEATURES_HOST ? "host" : "device"; }
 const char *dfl_spec_feature_note(const dfl_spec *s) { return s->note; }
 
+/* A sequence's first draft length. */
+static int32_t draft_start(const dfl_spec *s) {
+    if (s->params.n_draft_min <= 0) return s->n_draft;
+    int32_t k = DFL_DRAFT_START;
+    if (k < s->params.n_draft_min) k = s->params.n_draft_min;
+    return k < s->n_draft ? k : s->n_draft;
+}
+
 void dfl_spec_seq_reset(dfl_spec *s, int32_t seq) {
     if (seq < 0 || seq >= s->n_seq) return;
     dfl_seq_remove(s->tgt, seq, 0, NULL);
     dfl_seq_remove(s->dft, seq, 0, NULL);
     s->last[seq] = -1;
+    s->want[seq] = draft_start(s);
 }
 
 /* Feeds the drafter the features of entries [i0, i0 + n) of the target's last batch, which
@@ -276,10 +298,11 @@ static int32_t draft_keep(const float *rows, const int32_t *d, int32_t k, int64_
 
 /*
  * One speculative step for n sequences:
- *   1. draft: one drafter pass decodes the block [last, MASK x (B-1)] of every sequence
- *      (non-causal over its injected context) -> n_draft tokens d_1..d_k per sequence; with
- *      draft_p_min, a sequence keeps d_1..d_m, m = the drafts before the first one whose drafter
- *      probability is below it (below, k stands for the sequence's m);
+ *   1. draft: one drafter pass decodes the block [last, MASK x k] of every sequence (non-causal
+ *      over its injected context; k = n_draft, or with n_draft_min the longest draft length any
+ *      of the sequences wants) -> d_1..d_k per sequence; a sequence keeps d_1..d_m, m = its own
+ *      wanted length, cut with draft_p_min before the first draft whose drafter probability is
+ *      below it (below, k stands for the sequence's m);
  *   2. verify: one target batch of [last, d_1..d_k] per sequence at positions start..start+k,
  *      logits at every entry, layer inputs captured;
  *   3. accept: a = the longest prefix with d_{i+1} == argmax(logits_i) (greedy), or the
@@ -287,23 +310,28 @@ static int32_t draft_keep(const float *rows, const int32_t *d, int32_t k, int64_
  *   4. roll back the target: remove positions >= start + a + 1 (the bonus is not yet cached);
  *   5. feed the drafter the features of positions start .. start+a from this verify batch
  *      (never the bonus position); the drafter's block K/V were already dropped;
- *   6. last = bonus; start += a + 1.
+ *   6. last = bonus; start += a + 1; with n_draft_min, the sequence's wanted length grows by 2
+ *      after a = m = wanted, shrinks by 1 after a < m.
  */
 dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
                          dfl_error *err) {
-    const int32_t k = s->n_draft;
+    const int32_t K = s->n_draft; /* the longest draft: tokens rows have K + 1 entries */
     if (n < 1 || n > s->n_seq) return error_set(err, DFL_ERR_INVALID, "step: %d sequences (expected 1..%d)", n, s->n_seq);
     for (int32_t i = 0; i < n; i++) {
         if (seqs[i] < 0 || seqs[i] >= s->n_seq || s->last[seqs[i]] < 0) {
             return error_set(err, DFL_ERR_INVALID, "step: sequence %d is out of range or not prefilled", seqs[i]);
         }
-        if (dfl_seq_len(s->tgt, seqs[i]) + k + 1 > dfl_n_ctx(s->tgt)) {
+        if (dfl_seq_len(s->tgt, seqs[i]) + K + 1 > dfl_n_ctx(s->tgt)) {
             return error_set(err, DFL_ERR_CTX_FULL, "step: sequence %d is full (%lld of %lld positions)", seqs[i],
                              (long long)dfl_seq_len(s->tgt, seqs[i]), (long long)dfl_n_ctx(s->tgt));
         }
     }
     int32_t last_of[256];
-    for (int32_t i = 0; i < n; i++) last_of[i] = s->last[seqs[i]];
+    int32_t k = 1; /* this pass's draft length: the longest wanted */
+    for (int32_t i = 0; i < n; i++) {
+        last_of[i] = s->last[seqs[i]];
+        k = s->want[seqs[i]] > k ? s->want[seqs[i]] : k;
+    }
 
     /* 1. draft */
     double t0 = now_ms();
@@ -323,9 +351,10 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
         }
     }
     for (int32_t i = 0; i < n; i++) {
-        s->n_use[i] = s->dlogits == NULL ? k
+        const int32_t want = s->want[seqs[i]];
+        s->n_use[i] = s->dlogits == NULL ? want
                                          : draft_keep(s->dlogits + (size_t)i * (size_t)k * (size_t)s->n_vocab,
-                                                      s->draft + (size_t)i * (size_t)k, k, s->n_vocab,
+                                                      s->draft + (size_t)i * (size_t)k, want, s->n_vocab,
                                                       s->params.draft_p_min);
     }
 
@@ -336,7 +365,7 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
         s->vidx[i] = s->verify->n_tokens;
         for (int32_t j = 0; j <= s->n_use[i]; j++) {
             const int32_t pos = (int32_t)(start + j);
-            const int32_t tok = j == 0 ? last_of[i] : s->draft[i * k + (j - 1)];
+            const int32_t tok = j == 0 ? last_of[i] : s->draft[(size_t)i * (size_t)k + (size_t)(j - 1)];
             dfl_batch_add_token(s->verify, tok, &pos, seqs[i], true);
         }
     }
@@ -368,8 +397,14 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
             a = res.n_accepted;
             next = res.next_token;
         }
-        for (int64_t j = 0; j < a; j++) tokens[(size_t)i * (size_t)(k + 1) + (size_t)j] = d[j];
-        tokens[(size_t)i * (size_t)(k + 1) + (size_t)a] = next;
+        for (int64_t j = 0; j < a; j++) tokens[(size_t)i * (size_t)(K + 1) + (size_t)j] = d[j];
+        tokens[(size_t)i * (size_t)(K + 1) + (size_t)a] = next;
+        /* the adaptive draft length: longer after a whole accepted draft, shorter after a reject */
+        if (s->params.n_draft_min > 0) {
+            int32_t *w = &s->want[seq];
+            if (a == m && m == *w) *w = *w + 2 < K ? *w + 2 : K;
+            else if (a < m) *w = *w - 1 > s->params.n_draft_min ? *w - 1 : s->params.n_draft_min;
+        }
         n_tokens[i] = (int32_t)(a + 1);
         /* 4. target rollback: keep last, d_1..d_a */
         dfl_seq_remove(s->tgt, seq, start + a + 1, NULL);

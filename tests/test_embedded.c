@@ -58,38 +58,69 @@ TEST(embedded_pair_lossless_and_accepted) {
     dfl_context_params dpp = dfl_context_default_params();
     dpp.target = tc;
     dfl_context *dc = rc ? dfl_context_new(dm, &dpp, &err) : NULL;
-    dfl_spec *spec = dc ? dfl_spec_new(tc, dc, NULL, &err) : NULL;
-    REQUIRE(spec != NULL);
-    const int64_t nv = dfl_n_vocab(tc);
-    (void)nv;
-    int64_t steps = 0, accepted = 0;
-    for (size_t p = 0; p < sizeof(k_prompts) / sizeof(k_prompts[0]); p++) {
-        int32_t prompt[256], ref[N_GEN + 32], got[N_GEN + 32];
-        int64_t n = dfl_tokenize(vocab, k_prompts[p], strlen(k_prompts[p]), prompt, 256, true, false);
-        REQUIRE(n > 0 && n < 256);
-        dfl_seq_remove(rc, 0, 0, NULL);
-        REQUIRE(tu_greedy(rc, 0, prompt, n, N_GEN, ref, &err) == DFL_OK);
-        dfl_spec_seq_reset(spec, 0);
-        dfl_spec_stats s0 = dfl_spec_get_stats(spec);
-        int32_t first, seq = 0, toks[64], nt = 0;
-        REQUIRE(dfl_spec_prefill(spec, 0, prompt, n, &first, &err) == DFL_OK);
-        int64_t k = 0;
-        got[k++] = first;
-        while (k < N_GEN) {
-            REQUIRE(dfl_spec_step(spec, 1, &seq, toks, &nt, &err) == DFL_OK);
-            for (int32_t j = 0; j < nt && k < N_GEN + 32; j++) got[k++] = toks[j];
+    REQUIRE(dc != NULL);
+    /* the trained block (fixed draft length B-1), then the CLI's adaptive length with and without
+     * the drafter-probability cut: all lossless; tau > 2 asked of the trained block */
+    struct { int32_t n_draft_min; float p_min; const char *name; } cfgs[] = {
+        {0, 0.0f, "block 16, fixed"}, {2, 0.0f, "adaptive 2..15"}, {2, 0.3f, "adaptive 2..15, p_min 0.3"}};
+    for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++) {
+        dfl_spec_params sp = dfl_spec_default_params();
+        sp.n_draft_min = cfgs[c].n_draft_min;
+        sp.draft_p_min = cfgs[c].p_min;
+        dfl_spec *spec = dfl_spec_new(tc, dc, &sp, &err);
+        REQUIRE(spec != NULL);
+        int64_t steps = 0, accepted = 0;
+        for (size_t p = 0; p < sizeof(k_prompts) / sizeof(k_prompts[0]); p++) {
+            int32_t prompt[256], ref[N_GEN + 32], got[N_GEN + 32];
+            int64_t n = dfl_tokenize(vocab, k_prompts[p], strlen(k_prompts[p]), prompt, 256, true, false);
+            REQUIRE(n > 0 && n < 256);
+            dfl_seq_remove(rc, 0, 0, NULL);
+            REQUIRE(tu_greedy(rc, 0, prompt, n, N_GEN, ref, &err) == DFL_OK);
+            dfl_spec_seq_reset(spec, 0);
+            dfl_spec_stats s0 = dfl_spec_get_stats(spec);
+            int32_t first, seq = 0, toks[64], nt = 0;
+            REQUIRE(dfl_spec_prefill(spec, 0, prompt, n, &first, &err) == DFL_OK);
+            int64_t k = 0;
+            got[k++] = first;
+            while (k < N_GEN) {
+                REQUIRE(dfl_spec_step(spec, 1, &seq, toks, &nt, &err) == DFL_OK);
+                for (int32_t j = 0; j < nt && k < N_GEN + 32; j++) got[k++] = toks[j];
+            }
+            dfl_spec_stats s1 = dfl_spec_get_stats(spec);
+            const int64_t ds = s1.n_steps - s0.n_steps, da = s1.n_accepted - s0.n_accepted;
+            steps += ds;
+            accepted += da;
+            CHECK_MSG(memcmp(got, ref, N_GEN * sizeof(int32_t)) == 0, "%s, prompt %zu: speculative output differs from greedy",
+                      cfgs[c].name, p);
         }
-        dfl_spec_stats s1 = dfl_spec_get_stats(spec);
-        const int64_t ds = s1.n_steps - s0.n_steps, da = s1.n_accepted - s0.n_accepted;
-        steps += ds;
-        accepted += da;
-        printf("    prompt %zu: tau %.2f over %lld steps\n", p, ds ? (double)(da + ds) / (double)ds : 0.0, (long long)ds);
-        CHECK_MSG(memcmp(got, ref, N_GEN * sizeof(int32_t)) == 0, "prompt %zu: speculative output differs from greedy", p);
+        const dfl_spec_stats st = dfl_spec_get_stats(spec);
+        const double tau = steps ? (double)(accepted + steps) / (double)steps : 0.0;
+        const double mean_draft = st.n_steps ? (double)st.n_drafted / (double)st.n_steps : 0.0;
+        printf("    embedded pair, %s: tau %.2f over %lld steps, %.2f drafts verified per step\n", cfgs[c].name, tau,
+               (long long)steps, mean_draft);
+        if (c == 0) {
+            CHECK_MSG(tau > 2.0, "tau %.2f <= 2 on the fixed prompts (block %lld)", tau, (long long)dh->block_size);
+            CHECK_MSG(st.n_drafted == st.n_steps * (dh->block_size - 1), "a fixed draft length verified other lengths");
+        } else {
+            /* the adaptive length really moves: shorter than the block on average, longer than its start somewhere */
+            CHECK_MSG(mean_draft < (double)(dh->block_size - 1) && mean_draft >= 1.0, "%s: %.2f drafts per step",
+                      cfgs[c].name, mean_draft);
+            CHECK_MSG(st.accept_hist[DFL_DRAFT_START + 1] + st.accept_hist[DFL_DRAFT_START + 2] > 0 ||
+                          mean_draft > (double)DFL_DRAFT_START,
+                      "%s: the draft length never grew past its start", cfgs[c].name);
+        }
+        dfl_spec_free(spec);
     }
-    const double tau = steps ? (double)(accepted + steps) / (double)steps : 0.0;
-    printf("    embedded pair: tau %.2f over %lld steps (block %lld)\n", tau, (long long)steps, (long long)dh->block_size);
-    CHECK_MSG(tau > 2.0, "tau %.2f <= 2 on the fixed prompts", tau);
-    dfl_spec_free(spec);
+    /* bad adaptive parameters are refused with a message */
+    dfl_spec_params bad = dfl_spec_default_params();
+    bad.n_draft = 4;
+    bad.n_draft_min = 5;
+    memset(&err, 0, sizeof(err));
+    CHECK(dfl_spec_new(tc, dc, &bad, &err) == NULL && strstr(err.msg, "minimum draft length") != NULL);
+    bad = dfl_spec_default_params();
+    bad.draft_p_min = 1.5f;
+    memset(&err, 0, sizeof(err));
+    CHECK_MSG(dfl_spec_new(tc, dc, &bad, &err) == NULL && strstr(err.msg, "draft_p_min") != NULL, "got: %s", err.msg);
     dfl_context_free(dc);
     dfl_context_free(rc);
     dfl_context_free(tc);

@@ -108,8 +108,10 @@ static void oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft
 }
 
 /* One case of the property; returns false on a mismatch (reported). tau_out: mean accepted+1. */
+/* adapt: 0 a fixed draft length, 1 the adaptive length from 1 (sequences of one pass then verify
+ * different lengths), 2 the same plus the drafter-probability cut at 0.3 */
 static bool spec_case(test_ctx *t, const char *tpath, const char *dpath, int n_seq, int n_draft, int prompt_len,
-                      dfl_feature_path features, int mode, int32_t *tokens_out, double *tau_out) {
+                      dfl_feature_path features, int mode, int adapt, int32_t *tokens_out, double *tau_out) {
     oracle o;
     memset(&o, 0, sizeof(o));
     o.mode = mode;
@@ -117,6 +119,8 @@ static bool spec_case(test_ctx *t, const char *tpath, const char *dpath, int n_s
     dfl_spec_params sp = dfl_spec_default_params();
     sp.draft_hook = oracle_hook;
     sp.draft_hook_user = &o;
+    sp.n_draft_min = adapt > 0 ? 1 : 0;
+    sp.draft_p_min = adapt == 2 ? 0.3f : 0.0f;
     pair p;
     if (!pair_open(t, &p, tpath, dpath, n_seq, n_draft, features, false, &sp)) {
         pair_close(&p);
@@ -160,8 +164,9 @@ static bool spec_case(test_ctx *t, const char *tpath, const char *dpath, int n_s
     for (int s = 0; s < n_seq && ok; s++) {
         for (int i = 0; i < N_GEN; i++) {
             if (got[s][i] != ref[s][i]) {
-                test_fail(t, __FILE__, __LINE__, "n_seq %d k %d prompt %d mode %d features %d: seq %d token %d: spec %d != "
-                          "greedy %d", n_seq, k, prompt_len, mode, (int)features, s, i, got[s][i], ref[s][i]);
+                test_fail(t, __FILE__, __LINE__, "n_seq %d k %d prompt %d mode %d adapt %d features %d: seq %d token %d: "
+                          "spec %d != greedy %d", n_seq, k, prompt_len, mode, adapt, (int)features, s, i, got[s][i],
+                          ref[s][i]);
                 ok = false;
                 break;
             }
@@ -198,7 +203,8 @@ TEST(spec_greedy_equals_target_matrix) {
                 double tau = 0;
                 dfl_feature_path fp = (c % 2) ? DFL_FEATURES_HOST : DFL_FEATURES_DEVICE;
                 n_cases++;
-                if (spec_case(t, tpath, dpath, cases[c][0], cases[c][1], cases[c][2], fp, cases[c][3], NULL, &tau)) {
+                if (spec_case(t, tpath, dpath, cases[c][0], cases[c][1], cases[c][2], fp, cases[c][3], (int)(c % 3), NULL,
+                              &tau)) {
                     n_ok++;
                     tau_sum += tau;
                 }
@@ -216,12 +222,12 @@ TEST(spec_host_and_device_features_identical) {
     if (!tu_make_models(t, "m", TINY_T " --type q8_0 --block-size 8 --seed 5", tpath, dpath, sizeof(tpath))) return;
     static int32_t a[8 * (N_GEN + 64)], b[8 * (N_GEN + 64)];
     double ta = 0, tb = 0;
-    CHECK(spec_case(t, tpath, dpath, 3, 7, 21, DFL_FEATURES_HOST, 0, a, &ta));
-    CHECK(spec_case(t, tpath, dpath, 3, 7, 21, DFL_FEATURES_DEVICE, 0, b, &tb));
+    CHECK(spec_case(t, tpath, dpath, 3, 7, 21, DFL_FEATURES_HOST, 0, 0, a, &ta));
+    CHECK(spec_case(t, tpath, dpath, 3, 7, 21, DFL_FEATURES_DEVICE, 0, 0, b, &tb));
     CHECK(memcmp(a, b, sizeof(a)) == 0);
     CHECK(ta == tb);
-    CHECK(spec_case(t, tpath, dpath, 2, 7, 9, DFL_FEATURES_HOST, 1, a, &ta));
-    CHECK(spec_case(t, tpath, dpath, 2, 7, 9, DFL_FEATURES_DEVICE, 1, b, &tb));
+    CHECK(spec_case(t, tpath, dpath, 2, 7, 9, DFL_FEATURES_HOST, 1, 0, a, &ta));
+    CHECK(spec_case(t, tpath, dpath, 2, 7, 9, DFL_FEATURES_DEVICE, 1, 0, b, &tb));
     CHECK(memcmp(a, b, sizeof(a)) == 0);
     CHECK(ta == tb);
 }

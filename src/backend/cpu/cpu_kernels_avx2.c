@@ -531,6 +531,18 @@ T2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
     for (; i < n; i++) y[i] += a * fp16_to_fp32(x[i]);
 }
 
+/* Attention P V: one output row at a time, the value rows accumulated in order (axpy). */
+T2 static void attn_pv_f16_avx2(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
+                                size_t v_nb, int64_t n_kv, int64_t hd) {
+    for (int64_t r = 0; r < nq; r++) {
+        float *o = out + r * ldo;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int64_t j = 0; j < n_kv; j++) {
+            axpy_f16_avx2(o, p[r * ldp + j], (const uint16_t *)((const char *)v + (size_t)j * v_nb), hd);
+        }
+    }
+}
+
 /* e^x for x <= 0 (after max subtraction): x = n ln2 + r, degree-7 Taylor polynomial for e^r, 2^n
  * built in the exponent field; x < -87 (2^n below the normal range) gives 0. */
 T2 INL __m256 exp_neg_avx2(__m256 x) {
@@ -604,6 +616,7 @@ void cpu_kernels_init_avx2(cpu_kernels *k) {
     k->act_row[QUANT_TYPE_Q6_K] = act_row_q8_K_avx2;
     k->dot_f16 = dot_f16_avx2;
     k->axpy_f16 = axpy_f16_avx2;
+    k->attn_pv_f16 = attn_pv_f16_avx2;
     k->softmax_row = softmax_row_avx2;
 }
 

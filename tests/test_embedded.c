@@ -62,7 +62,7 @@ TEST(embedded_pair_lossless_and_accepted) {
     /* the trained block (fixed draft length B-1), then the CLI's adaptive length with and without
      * the drafter-probability cut: all lossless; tau > 2 asked of the trained block */
     struct { int32_t n_draft_min; float p_min; const char *name; } cfgs[] = {
-        {0, 0.0f, "block 16, fixed"}, {2, 0.0f, "adaptive 2..15"}, {2, 0.3f, "adaptive 2..15, p_min 0.3"}};
+        {0, 0.0f, "block 16, fixed"}, {1, 0.0f, "adaptive 1..15"}, {1, 0.3f, "adaptive 1..15, p_min 0.3"}};
     for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++) {
         dfl_spec_params sp = dfl_spec_default_params();
         sp.n_draft_min = cfgs[c].n_draft_min;

@@ -8,5 +8,6 @@ int cmd_make_test_model(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 #endif

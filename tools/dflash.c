@@ -15,6 +15,7 @@ static const cli_command k_commands[] = {
     {"gguf", cmd_gguf, "gguf PATH [--json]            inspect a GGUF file (hparams, tokenizer, tensors)"},
     {"make-test-model", cmd_make_test_model,
      "make-test-model -o DIR [...]   write a random tiny Qwen3 target + DFlash drafter pair"},
+    {"quantize", cmd_quantize, "quantize IN OUT TYPE           re-encode a model's matrix weights (q8_0, q4_0, f16, ...)"},
     {"tokenize", cmd_tokenize, "tokenize -m MODEL -p TEXT      print token ids (and pieces)"},
     {"bench", cmd_bench, "bench [-m T] [-md D] [--llama]   speed: pp, tg, verify, speculative vs autoregressive"},
     {"generate", cmd_generate, "generate [-m T] [-md D] -p TEXT generate text (speculative with a drafter)"},

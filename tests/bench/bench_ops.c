@@ -1,5 +1,5 @@
 /* bench_ops.c: `make bench-ops`: matmul throughput of the CPU backend on the Qwen3-0.6B shapes
- * (weights read from memory: cycled copies > the caches, and cache-resident), 1 and 16 rows,
+ * (weights read from memory: cycled copies > the caches, and cache-resident), 1 and 16 rows (F16 also 2-6),
  * in GB/s of weights and G(int)op/s, next to the machine limits given on the command line.
  * Usage: bench_ops [n_threads (2)] [mem_GBps (34)] [int8_TOPS (1.87)] [n_shapes (all)] [first shape (0)] */
 #include "backend/backend.h"
@@ -42,10 +42,12 @@ int main(int argc, char **argv) {
         for (int cold = 1; cold >= 0; cold--) {
             if (!cold && shapes[s].n_out > 100000) continue; /* does not fit a cache anyway */
             double ms1 = 0;
-            const int rows_list[3] = {1, 16, 64};
-            for (int ri = 0; ri < 3; ri++) {
+            /* 1 row (decode), 2-6 (adaptive verify and drafter passes), 16 (a full block) */
+            const int rows_list[6] = {1, 2, 4, 6, 16, 64};
+            for (int ri = 0; ri < 6; ri++) {
                 const int64_t rows = rows_list[ri];
                 if (rows == 64 && (!cold || shapes[s].type != QUANT_TYPE_Q8_0)) continue;
+                if (rows > 1 && rows < 16 && shapes[s].type != QUANT_TYPE_F16) continue;
                 backend_bench_result r;
                 const int iters = shapes[s].n_out > 100000 ? 25 : 300;
                 if (backend_bench_matmul(be, shapes[s].type, shapes[s].n_in, shapes[s].n_out, rows, iters, cold, &r,

@@ -304,7 +304,10 @@ static void attn16_fn(void *ctx, int ith, int nth) {
             float *sr = sb + r * ldk;
             for (int64_t j = 0; j < n_kv; j++) sr[j] = mrow[j] == -INFINITY ? -INFINITY : sr[j] * scale + mrow[j];
             job->k->softmax_row(sr, sr, n_kv);
-            for (int64_t j = 0; j < n_kv; j++) sr[j] = fp16_to_fp32(fp32_to_fp16(sr[j]));
+            /* the probabilities rounded to f16 in place (the activation rounding of f16 weights) */
+            cpu_act pact;
+            cpu_act_layout(&pact, CPU_DOT_F32, n_kv, 1, sr);
+            job->k->act_row[QUANT_TYPE_F16](&pact, 0, sr);
         }
         const char *vbase = (const char *)v->data + (size_t)hk * v->nb[1];
         job->k->attn_pv_f16(ob, hd_v, sb, ldk, rows, vbase, v->nb[2], n_kv, hd_v);

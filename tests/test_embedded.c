@@ -1,6 +1,8 @@
 /* test_embedded.c: the embedded default pair (models/target.gguf + models/drafter.gguf, trained
  * here, see models/README.md): on fixed prompts, greedy speculative output equals the target's
- * own greedy output, and the drafter is really accepted (tau > 2). Skips while the pair is absent. */
+ * own greedy output, and the drafter is really accepted (tau > 2); and on the held-out prompts of
+ * models/spec_eval.json the CLI generates exactly the text the PyTorch model generated
+ * (tests/ref/check_embedded.py). Skips while the pair is absent. */
 #include "test.h"
 #include "test_util.h"
 
@@ -127,4 +129,18 @@ TEST(embedded_pair_lossless_and_accepted) {
     dfl_vocab_free(vocab);
     dfl_model_free(dm);
     dfl_model_free(tm);
+}
+
+TEST(embedded_pair_equals_pytorch_outputs) {
+    if (access("models/target.gguf", R_OK) != 0 || access("models/spec_eval.json", R_OK) != 0) {
+        test_skip(t, "the embedded pair or models/spec_eval.json is not in this checkout");
+        return;
+    }
+    char cmd[1024], out[16384];
+    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 tests/ref/check_embedded.py --dflash %s --n 6", test_cli_path());
+    const int rc = test_run(cmd, out, sizeof(out));
+    CHECK_MSG(rc == 0, "%s", out);
+    CHECK_STR_CONTAINS(out, "24 of 24 generations equal");
+    const char *last = strstr(out, "check_embedded: 24");
+    if (last != NULL) printf("    %.*s\n", (int)strcspn(last, "\n"), last);
 }

@@ -144,3 +144,38 @@ TEST(embedded_pair_equals_pytorch_outputs) {
     const char *last = strstr(out, "check_embedded: 24");
     if (last != NULL) printf("    %.*s\n", (int)strcspn(last, "\n"), last);
 }
+
+/* The CLI's draft options on the embedded pair: the default adapts the draft length, --draft-min 0
+ * keeps the whole block, and out-of-range settings are refused with a message. */
+TEST(embedded_cli_draft_options) {
+    if (access("models/target.gguf", R_OK) != 0 || access("models/drafter.gguf", R_OK) != 0) {
+        test_skip(t, "the embedded pair is not in this checkout");
+        return;
+    }
+    char cmd[1024], out[16384];
+    const char *base = "generate -p 'And the LORD spake unto Moses, saying,' -n 48 -t 1 -tb 1 --json";
+    snprintf(cmd, sizeof(cmd), "%s %s", test_cli_path(), base);
+    REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
+    const char *p = strstr(out, "\"n_steps\":"), *q = strstr(out, "\"n_drafted\":");
+    REQUIRE(p != NULL && q != NULL);
+    const long steps = strtol(p + 10, NULL, 10), drafted = strtol(q + 12, NULL, 10);
+    CHECK_MSG(steps > 0 && drafted < steps * 15, "default: %ld drafts over %ld steps (not adaptive?)", drafted, steps);
+    snprintf(cmd, sizeof(cmd), "%s %s --draft-min 0", test_cli_path(), base);
+    REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
+    p = strstr(out, "\"n_steps\":");
+    q = strstr(out, "\"n_drafted\":");
+    REQUIRE(p != NULL && q != NULL);
+    CHECK_EQ_INT(strtol(q + 12, NULL, 10), strtol(p + 10, NULL, 10) * 15);
+    const struct { const char *opts; int rc; const char *want; } bad[] = {
+        {"--draft-min 20", 1, "--draft-min 20 is above the draft length 15"},
+        {"--draft-max 4 --draft-min 5", 1, "--draft-min 5 is above the draft length 4"},
+        {"--draft-max 20", 1, "--draft-max 20 is above the drafter's block_size - 1 = 15"},
+        {"--draft-min -1", 2, "--draft-min"},
+        {"--draft-p-min 1.5", 2, "--draft-p-min"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(cmd, sizeof(cmd), "%s generate -p x -n 4 %s", test_cli_path(), bad[i].opts);
+        CHECK_MSG(test_run(cmd, out, sizeof(out)) == bad[i].rc, "%s: %s", bad[i].opts, out);
+        CHECK_STR_CONTAINS(out, bad[i].want);
+    }
+}

@@ -266,6 +266,11 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
                 (long long)(dh->block_size - 1));
         return 1;
     }
+    if (spec && o->draft_min > n_draft) {
+        fprintf(stderr, "dflash %s: --draft-min %d is above the draft length %d (--draft-max or block_size - 1)\n", cmd,
+                o->draft_min, n_draft);
+        return 1;
+    }
     dfl_context_params cp = dfl_context_default_params();
     cp.n_ctx = o->n_ctx;
     cp.n_seq = o->n_seq;
@@ -303,7 +308,7 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
         dfl_spec_params sp = dfl_spec_default_params();
         sp.n_draft = n_draft;
         sp.draft_p_min = o->draft_p_min;
-        sp.n_draft_min = o->draft_min < n_draft ? o->draft_min : n_draft;
+        sp.n_draft_min = o->draft_min;
         sp.temp = o->temp;
         sp.top_k = o->top_k;
         sp.top_p = o->top_p;

@@ -16,7 +16,7 @@ typedef struct bench_row {
     double tok_s;  /* tokens per second (0: n/a) */
     double ms;     /* median milliseconds of one repetition */
     double gb_s;   /* weight bytes read per second (0: n/a) */
-    char note[160];
+    char note[224];
 } bench_row;
 
 typedef struct bench {
@@ -247,10 +247,10 @@ static bool bench_spec(bench *b, const int32_t *prompt, int64_t n_prompt) {
             row = add_row(b, names[f]);
             row->ms = sp / n_gen;
             row->tok_s = n_gen / (sp / 1e3);
-            snprintf(row->note, sizeof(row->note), "%.2fx ar; tau %.2f; step %.2f ms = draft %.2f + verify %.2f + inject %.2f "
-                     "+ other %.2f; %llu feature bytes via host",
-                     ar / sp, tau, split[f][0] + split[f][1] + split[f][2] + split[f][3], split[f][0], split[f][1],
-                     split[f][2], split[f][3], (unsigned long long)st[f].feature_host_bytes);
+            snprintf(row->note, sizeof(row->note), "%.2fx ar; tau %.2f; %.1f drafts verified per step; step %.2f ms = "
+                     "draft %.2f + verify %.2f + inject %.2f + other %.2f; %llu feature bytes via host",
+                     ar / sp, tau, (double)st[f].n_drafted / steps, split[f][0] + split[f][1] + split[f][2] + split[f][3],
+                     split[f][0], split[f][1], split[f][2], split[f][3], (unsigned long long)st[f].feature_host_bytes);
         }
     }
     free(t_ar);

@@ -95,6 +95,13 @@ static backend_op slice_op(const backend_op *op, int dim, int64_t i0, int64_t n)
 
 static bool rows_f32(const tensor *t) { return t->type == QUANT_TYPE_F32 && t->nb[0] == sizeof(float); }
 
+/* Entry r of an I32 or I64 index vector. */
+static int64_t row_index(const tensor *idx, int64_t r) {
+    const char *p = (const char *)idx->data + (size_t)r * idx->nb[0];
+    if (idx->type == QUANT_TYPE_I32) return *(const int32_t *)p;
+    return *(const int64_t *)p;
+}
+
 /* d = a op b with b broadcast by index modulo its extents, a row of b as long as a's. */
 static void light_binary(const backend_op *op, cpu_binary_row_fn fn) {
     const tensor *a = &op->src[0], *b = &op->src[1], *d = &op->dst;
@@ -141,20 +148,23 @@ static void light_run(const cpu_kernels *k, const backend_op *op) {
         }
         return;
     case BACKEND_OP_SET_ROWS:
-        if (!rows_f32(x) || d->type != QUANT_TYPE_F16 || d->nb[0] != sizeof(uint16_t) || op->src[1].type != QUANT_TYPE_I32) {
+        if (!rows_f32(x) || !(rows_f32(d) || (d->type == QUANT_TYPE_F16 && d->nb[0] == sizeof(uint16_t))) ||
+            (op->src[1].type != QUANT_TYPE_I32 && op->src[1].type != QUANT_TYPE_I64)) {
             break;
         }
         for (int64_t r = 0; r < x->ne[1]; r++) {
-            const int32_t id = *(const int32_t *)((const char *)op->src[1].data + (size_t)r * op->src[1].nb[0]);
+            const int64_t id = row_index(&op->src[1], r);
             if (id < 0 || id >= d->ne[1]) {
                 cpu_op_ref(op); /* reports the bad index */
                 return;
             }
         }
         for (int64_t r = 0; r < x->ne[1]; r++) {
-            const int32_t id = *(const int32_t *)((const char *)op->src[1].data + (size_t)r * op->src[1].nb[0]);
-            k->f16_row((uint16_t *)((char *)d->data + (size_t)id * d->nb[1]),
-                       (const float *)((const char *)x->data + (size_t)r * x->nb[1]), x->ne[0]);
+            const int64_t id = row_index(&op->src[1], r);
+            const float *sr = (const float *)((const char *)x->data + (size_t)r * x->nb[1]);
+            char *dr = (char *)d->data + (size_t)id * d->nb[1];
+            if (d->type == QUANT_TYPE_F16) k->f16_row((uint16_t *)dr, sr, x->ne[0]);
+            else memcpy(dr, sr, (size_t)x->ne[0] * sizeof(float));
         }
         return;
     default: break;

@@ -85,9 +85,13 @@ static void force_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft)
     for (int32_t j = 0; j < n_draft && j + 1 < N_POS; j++) draft[j] = f->tok[j + 1];
 }
 
-static bool sample_spec(setup *s, uint64_t seed, forced *f, int32_t out[N_POS]) {
+/* adapt: the adaptive draft length from 1 and the drafter-probability cut at 0.05 (draft lengths
+ * 0..3 chosen from the drafter's own probabilities) */
+static bool sample_spec(setup *s, uint64_t seed, forced *f, bool adapt, int32_t out[N_POS]) {
     dfl_error err = {0};
     dfl_spec_params sp = dfl_spec_default_params();
+    sp.n_draft_min = adapt ? 1 : 0;
+    sp.draft_p_min = adapt ? 0.05f : 0.0f;
     sp.temp = 1.0f;
     sp.top_k = 8;
     sp.top_p = 1.0f;
@@ -149,11 +153,12 @@ TEST(spec_sampling_is_lossless) {
                         "--type f32 --block-size 4 --std 0.2 --seed 9", tp, dp, sizeof(tp))) return;
     setup s;
     if (!setup_open(t, &s, tp, dp)) { setup_close(&s); return; }
-    static int plain[N_POS][NV], hot[N_POS][NV], spec_real[N_POS][NV], spec_forced[N_POS][NV];
+    static int plain[N_POS][NV], hot[N_POS][NV], spec_real[N_POS][NV], spec_forced[N_POS][NV], spec_adapt[N_POS][NV];
     memset(plain, 0, sizeof(plain));
     memset(hot, 0, sizeof(hot));
     memset(spec_real, 0, sizeof(spec_real));
     memset(spec_forced, 0, sizeof(spec_forced));
+    memset(spec_adapt, 0, sizeof(spec_adapt));
     int32_t o[N_POS];
     bool ok = true;
     for (int r = 0; ok && r < N_RUNS; r++) {
@@ -172,14 +177,17 @@ TEST(spec_sampling_is_lossless) {
     }
     forced off = {{0}, false};
     for (int r = 0; ok && r < N_RUNS; r++) {
-        ok = sample_spec(&s, 5000000 + (uint64_t)r, &off, o);
+        ok = sample_spec(&s, 5000000 + (uint64_t)r, &off, false, o);
         for (int k = 0; ok && k < N_POS; k++) spec_real[k][o[k]]++;
-        ok = ok && sample_spec(&s, 7000000 + (uint64_t)r, &f, o);
+        ok = ok && sample_spec(&s, 7000000 + (uint64_t)r, &f, false, o);
         for (int k = 0; ok && k < N_POS; k++) spec_forced[k][o[k]]++;
+        ok = ok && sample_spec(&s, 8000000 + (uint64_t)r, &off, true, o);
+        for (int k = 0; ok && k < N_POS; k++) spec_adapt[k][o[k]]++;
     }
     REQUIRE(ok);
     for (int k = 0; k < N_POS; k++) {
-        int df1, df2, df3;
+        int df1, df2, df3, df4;
+        double c4 = chi2_two_sample(plain[k], spec_adapt[k], NV, &df4);
         double c1 = chi2_two_sample(plain[k], spec_real[k], NV, &df1);
         double c2 = chi2_two_sample(plain[k], spec_forced[k], NV, &df2);
         double c3 = chi2_two_sample(plain[k], hot[k], NV, &df3);
@@ -188,6 +196,9 @@ TEST(spec_sampling_is_lossless) {
                k + 1, c1, df1, chi2_crit(df1), c2, df2, c3, df3, chi2_crit(df3));
         CHECK_MSG(df1 >= 2 && c1 < chi2_crit(df1), "position %d: speculative (real drafter) distribution differs", k + 1);
         CHECK_MSG(df2 >= 2 && c2 < chi2_crit(df2), "position %d: speculative (forced drafts) distribution differs", k + 1);
+        printf("    position %d: chi2 plain vs spec(adaptive length, p_min 0.05) %.1f (df %d, crit %.1f)\n", k + 1, c4, df4,
+               chi2_crit(df4));
+        CHECK_MSG(df4 >= 2 && c4 < chi2_crit(df4), "position %d: speculative (adaptive, p_min) distribution differs", k + 1);
         if (k < 2) CHECK_MSG(c3 > chi2_crit(df3), "position %d: the negative control was not detected", k + 1);
     }
     setup_close(&s);

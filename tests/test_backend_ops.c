@@ -835,6 +835,15 @@ TEST(backend_light_row_kernels) {
                     ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd);
                     kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd);
                     close_enough(t, "attention P V", d1, d2, nq * hd, 1e-6, 1e-5);
+                    /* a key masked for every row (p = 0) whose value overflowed f16 to inf adds
+                     * nothing: the outputs stay finite and equal the reference's */
+                    if (nkv > 1) {
+                        for (int64_t q = 0; q < nq; q++) b[q * ldp + nkv - 1] = 0.0f;
+                        for (int64_t i = 0; i < hd; i++) h1[(nkv - 1) * vstride + i] = 0x7c00; /* +inf */
+                        ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd);
+                        kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd);
+                        close_enough(t, "attention P V, masked inf value", d1, d2, nq * hd, 1e-6, 1e-5);
+                    }
                 }
     }
     free(a); free(b); free(d1); free(d2); free(h1); free(h2);

@@ -73,6 +73,15 @@ TEST(quantize_equals_direct_encoding) {
         snprintf(tq, sizeof(tq), "%s/%s.gguf", dq, files[i]);
         same_model(t, dq8, tq);
     }
+    /* in place (OUT = IN, the input mapped while it is replaced): the same bytes as a copy */
+    snprintf(args, sizeof(args), "sh -c 'cp %s/target.gguf %s/inplace.gguf'", df, df);
+    REQUIRE(test_run(args, out, sizeof(out)) == 0);
+    snprintf(args, sizeof(args), "quantize %s/inplace.gguf %s/inplace.gguf q8_0", df, df);
+    int rc_in = run(t, args, out, sizeof(out));
+    CHECK_MSG(rc_in == 0, "in place: %s", out);
+    snprintf(tq, sizeof(tq), "%s/inplace.gguf", df);
+    snprintf(dq8, sizeof(dq8), "%s/target.gguf", dq);
+    same_model(t, tq, dq8);
     /* the quantized pair generates */
     snprintf(args, sizeof(args), "generate -m %s/target_q8.gguf -md %s/drafter_q8.gguf -p 'ab' -n 8 -t 1", df, df);
     int rc = run(t, args, out, sizeof(out));

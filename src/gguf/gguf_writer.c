@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* A growable byte buffer. */
 typedef struct wbuf {
@@ -422,10 +423,22 @@ dfl_status gguf_writer_write(gguf_writer *w, const char *path, dfl_error *err) {
         free(b.p);
         return error_set(err, DFL_ERR_NOMEM, "%s: out of memory building the GGUF header", path);
     }
-    FILE *fp = fopen(path, "wb");
-    if (fp == NULL) {
+    /* written to a temporary file next to path, then renamed over it: a tensor's data may be a
+     * mapping of the very file being replaced (dflash quantize IN IN), and a failed write leaves
+     * whatever path held untouched */
+    const size_t tlen = strlen(path) + 32;
+    char *tmp = malloc(tlen);
+    if (tmp == NULL) {
         free(b.p);
-        return error_set(err, DFL_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+        return error_set(err, DFL_ERR_NOMEM, "%s: out of memory", path);
+    }
+    snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
+    FILE *fp = fopen(tmp, "wb");
+    if (fp == NULL) {
+        const int e0 = errno;
+        free(b.p);
+        free(tmp);
+        return error_set(err, DFL_ERR_IO, "%s: cannot create: %s", path, strerror(e0));
     }
     setvbuf(fp, NULL, _IOFBF, 1 << 20);
     bool ok = fwrite(b.p, 1, b.n, fp) == b.n;
@@ -441,9 +454,15 @@ dfl_status gguf_writer_write(gguf_writer *w, const char *path, dfl_error *err) {
         ok = false;
         e = errno;
     }
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        e = errno;
+    }
     if (!ok) {
-        remove(path);
+        remove(tmp);
+        free(tmp);
         return error_set(err, DFL_ERR_IO, "%s: write failed: %s", path, strerror(e));
     }
+    free(tmp);
     return DFL_OK;
 }

@@ -138,9 +138,9 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         if (last[i] < 0 || last[i] >= d->n_vocab) {
             return error_set(err, DFL_ERR_INVALID, "draft: token %d is outside the vocabulary", last[i]);
         }
-        if (d->kv.seq_len[seqs[i]] + B > d->kv.n_ctx) {
-            return error_set(err, DFL_ERR_CTX_FULL, "draft: sequence %d has no room for a block of %lld", seqs[i],
-                             (long long)B);
+        if (d->kv.seq_len[seqs[i]] + n_draft + 1 > d->kv.n_ctx) {
+            return error_set(err, DFL_ERR_CTX_FULL, "draft: sequence %d has no room for a block of %d", seqs[i],
+                             n_draft + 1);
         }
     }
     context_sync_pending(d);

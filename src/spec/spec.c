@@ -89,14 +89,14 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
         error_set(err, DFL_ERR_INVALID, "draft_p_min %g is outside [0, 1]", (double)p.draft_p_min);
         return NULL;
     }
-    if (p.n_draft_min < 0 || p.n_draft_min > p.n_draft) {
-        error_set(err, DFL_ERR_INVALID, "minimum draft length %d is outside 0..%d (the draft length)", p.n_draft_min,
-                  p.n_draft);
-        return NULL;
-    }
     if (p.n_draft < 1 || p.n_draft > dh->block_size - 1) {
         error_set(err, DFL_ERR_INVALID, "draft length %d is outside 1..%lld (the drafter's block_size %lld - 1)", p.n_draft,
                   (long long)(dh->block_size - 1), (long long)dh->block_size);
+        return NULL;
+    }
+    if (p.n_draft_min < 0 || p.n_draft_min > p.n_draft) {
+        error_set(err, DFL_ERR_INVALID, "minimum draft length %d is outside 0..%d (the draft length)", p.n_draft_min,
+                  p.n_draft);
         return NULL;
     }
     const int32_t n_seq = dfl_n_seq(dft) < dfl_n_seq(tgt) ? dfl_n_seq(dft) : dfl_n_seq(tgt);

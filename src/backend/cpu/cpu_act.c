@@ -202,6 +202,7 @@ static void attn_pv_f16_ref(float *out, int64_t ldo, const float *p, int64_t ldp
         float *o = out + r * ldo;
         for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
         for (int64_t j = 0; j < n_kv; j++) {
+            if (p[r * ldp + j] == 0.0f) continue; /* a zero probability adds nothing, even to inf */
             const uint16_t *vr = (const uint16_t *)((const char *)v + (size_t)j * v_nb);
             for (int64_t i = 0; i < hd; i++) o[i] += p[r * ldp + j] * fp16_to_fp32(vr[i]);
         }

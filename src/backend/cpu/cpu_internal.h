@@ -80,7 +80,8 @@ typedef void (*cpu_axpy_f16_fn)(float *y, float a, const uint16_t *x, int64_t n)
 typedef void (*cpu_softmax_fn)(float *p, const float *s, int64_t n);
 
 /* Attention values: out[r * ldo + i] = sum over j = 0 .. n_kv-1 (in that order) of
- * p[r * ldp + j] * v_j[i], for r < nq, i < hd; value row j (f16) at v + j * v_nb bytes. */
+ * p[r * ldp + j] * v_j[i], for r < nq, i < hd; value row j (f16) at v + j * v_nb bytes. Terms
+ * with p = 0 are skipped (a masked key adds nothing, even where its value is inf). */
 typedef void (*cpu_attn_pv_fn)(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
                                size_t v_nb, int64_t n_kv, int64_t hd);
 

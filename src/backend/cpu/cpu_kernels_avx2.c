@@ -538,6 +538,7 @@ T2 static void attn_pv_f16_avx2(float *out, int64_t ldo, const float *p, int64_t
         float *o = out + r * ldo;
         memset(o, 0, (size_t)hd * sizeof(float));
         for (int64_t j = 0; j < n_kv; j++) {
+            if (p[r * ldp + j] == 0.0f) continue; /* masked keys add nothing, even when v is inf */
             axpy_f16_avx2(o, p[r * ldp + j], (const uint16_t *)((const char *)v + (size_t)j * v_nb), hd);
         }
     }

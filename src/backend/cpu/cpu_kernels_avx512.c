@@ -841,9 +841,12 @@ T512 INL void pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, cons
         for (int c = 0; c < 4; c++) vv[c] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[c], vr + 16 * c));
 #pragma GCC unroll 6
         for (int r = 0; r < NR; r++) {
-            const __m512 pb = _mm512_set1_ps(p[r * ldp + j]);
+            const float pr = p[r * ldp + j];
+            const __m512 pb = _mm512_set1_ps(pr);
+            /* a masked key (p = 0) adds nothing, even where its value is inf */
+            const __mmask16 nz = pr != 0.0f ? (__mmask16)0xffff : (__mmask16)0;
 #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
+            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[r][c], nz);
         }
     }
 #pragma GCC unroll 6

@@ -271,7 +271,7 @@ static void attn_fn(void *ctx, int ith, int nth) {
  *   activations), then scale + mask, row softmax, the probabilities rounded to f16, and
  *   O [rows, hd_v] = P V by attn_pv_f16 (a sum over the keys in order).
  * A (query row, key) score and a query row's output go through the same operations whatever the
- * tile and n_kv (masked keys add exact zeros), so a row's result does not depend on its batch. */
+ * tile and n_kv (masked keys, p = 0, are skipped), so a row's result does not depend on its batch. */
 #define ATTN_ROWS 8
 
 typedef struct attn16_job {

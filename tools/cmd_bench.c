@@ -173,8 +173,7 @@ static bool gen_spec(bench *b, dfl_feature_path fp, dfl_feature_wait wait, const
     dfl_spec_params sp = dfl_spec_default_params();
     sp.n_draft = b->o.draft_max;
     sp.draft_p_min = b->o.draft_p_min;
-    const int32_t k_max = b->o.draft_max > 0 ? b->o.draft_max : (int32_t)dfl_model_hparams(b->s.drafter)->block_size - 1;
-    sp.n_draft_min = b->o.draft_min < k_max ? b->o.draft_min : k_max;
+    sp.n_draft_min = b->o.draft_min; /* <= the draft length: checked when the session opened */
     sp.features = fp;
     sp.wait = wait;
     dfl_spec *spec = dfl_spec_new(b->s.tctx, b->s.dctx, &sp, &err);

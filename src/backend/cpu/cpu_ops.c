@@ -95,12 +95,6 @@ static backend_op slice_op(const backend_op *op, int dim, int64_t i0, int64_t n)
 
 static bool rows_f32(const tensor *t) { return t->type == QUANT_TYPE_F32 && t->nb[0] == sizeof(float); }
 
-/* Entry r of an I32 or I64 index vector. */
-static int64_t row_index(const tensor *idx, int64_t r) {
-    const char *p = (const char *)idx->data + (size_t)r * idx->nb[0];
-    if (idx->type == QUANT_TYPE_I32) return *(const int32_t *)p;
-    return *(const int64_t *)p;
-}
 
 /* d = a op b with b broadcast by index modulo its extents, a row of b as long as a's. */
 static void light_binary(const backend_op *op, cpu_binary_row_fn fn) {
@@ -153,14 +147,14 @@ static void light_run(const cpu_kernels *k, const backend_op *op) {
             break;
         }
         for (int64_t r = 0; r < x->ne[1]; r++) {
-            const int64_t id = row_index(&op->src[1], r);
+            const int64_t id = cpu_load_index(&op->src[1], r);
             if (id < 0 || id >= d->ne[1]) {
                 cpu_op_ref(op); /* reports the bad index */
                 return;
             }
         }
         for (int64_t r = 0; r < x->ne[1]; r++) {
-            const int64_t id = row_index(&op->src[1], r);
+            const int64_t id = cpu_load_index(&op->src[1], r);
             const float *sr = (const float *)((const char *)x->data + (size_t)r * x->nb[1]);
             char *dr = (char *)d->data + (size_t)id * d->nb[1];
             if (d->type == QUANT_TYPE_F16) k->f16_row((uint16_t *)dr, sr, x->ne[0]);

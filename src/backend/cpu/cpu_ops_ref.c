@@ -184,22 +184,10 @@ void cpu_op_attention_ref(const backend_op *op) {
     free(qv);
 }
 
-static int64_t load_index(const tensor *idx, int64_t i) {
-    const char *p = (const char *)idx->data + (size_t)i * idx->nb[0];
-    if (idx->type == QUANT_TYPE_I64) {
-        int64_t v;
-        memcpy(&v, p, 8);
-        return v;
-    }
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 void cpu_op_set_rows_ref(const backend_op *op) {
     const tensor *src = &op->src[0], *idx = &op->src[1], *d = &op->dst;
     for (int64_t r = 0; r < src->ne[1]; r++) {
-        const int64_t id = load_index(idx, r);
+        const int64_t id = cpu_load_index(idx, r);
         if (id < 0 || id >= d->ne[1]) error_abort(__FILE__, __LINE__, "op set_rows: row index out of range");
         const float *sr = (const float *)((const char *)src->data + (size_t)r * src->nb[1]);
         for (int64_t i = 0; i < src->ne[0]; i++) store_elem(d->type, elem_ptr(d, i, id, 0, 0), sr[i]);
@@ -209,7 +197,7 @@ void cpu_op_set_rows_ref(const backend_op *op) {
 void cpu_op_get_rows_ref(const backend_op *op) {
     const tensor *src = &op->src[0], *idx = &op->src[1], *d = &op->dst;
     for (int64_t r = 0; r < d->ne[1]; r++) {
-        const int64_t id = load_index(idx, r);
+        const int64_t id = cpu_load_index(idx, r);
         if (id < 0 || id >= src->ne[1]) error_abort(__FILE__, __LINE__, "op get_rows: row index out of range");
         bool ok = quant_dequantize_row(src->type, (const char *)src->data + (size_t)id * src->nb[1],
                                        (float *)((char *)d->data + (size_t)r * d->nb[1]), src->ne[0]);

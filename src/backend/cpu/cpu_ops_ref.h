@@ -6,6 +6,8 @@
 
 #include "backend/backend.h"
 
+#include <string.h>
+
 /* Runs any op with the reference implementations. */
 void cpu_op_ref(const backend_op *op);
 
@@ -30,6 +32,19 @@ static inline char *cpu_row_ptr(const tensor *t, int64_t ir) {
     const int64_t i2 = (ir / t->ne[1]) % t->ne[2];
     const int64_t i3 = ir / (t->ne[1] * t->ne[2]);
     return (char *)t->data + (size_t)i1 * t->nb[1] + (size_t)i2 * t->nb[2] + (size_t)i3 * t->nb[3];
+}
+
+/* Entry i of an I32 or I64 index vector. */
+static inline int64_t cpu_load_index(const tensor *idx, int64_t i) {
+    const char *p = (const char *)idx->data + (size_t)i * idx->nb[0];
+    if (idx->type == QUANT_TYPE_I64) {
+        int64_t v;
+        memcpy(&v, p, 8);
+        return v;
+    }
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
 /* The NEOX rope angles of one position, as llama.cpp computes them: theta_i = p * s^i with

@@ -672,8 +672,8 @@ dfl_status dfl_engine_step(dfl_engine *e, const int32_t *seqs, int32_t n, dfl_er
                 q->stats.accepted_per_pos[j]++;
                 e->stats.accepted_per_pos[j]++;
             }
-            e->stats.accept_hist[a]++;
         }
+        if (e->spec != NULL) e->stats.accept_hist[nt - 1]++;
         st = commit_tokens(e, q, toks, nt, err);
         if (st != DFL_OK) return st;
     }

@@ -119,6 +119,7 @@ static dfl_status context_alloc_host(dfl_context *ctx, dfl_error *err) {
     ctx->groups = calloc((size_t)n, sizeof(ctx_group));
     ctx->seq_len_tmp = calloc((size_t)ctx->kv.n_seq, sizeof(int64_t));
     ctx->logits = calloc((size_t)ctx->n_vocab * (size_t)ctx->n_out_max, sizeof(float));
+    ctx->argmax_ids = calloc((size_t)ctx->n_out_max, sizeof(int32_t));
     ctx->out_of = calloc((size_t)ctx->params.n_batch, sizeof(int64_t));
     if (ctx->model->hp.arch == DFL_ARCH_DFLASH) {
         ctx->h_erow = calloc((size_t)n, sizeof(int32_t));
@@ -131,7 +132,7 @@ static dfl_status context_alloc_host(dfl_context *ctx, dfl_error *err) {
         if (!ctx->h_erow || !ctx->h_feat || !ctx->blk_tok || !ctx->blk_pos || !ctx->blk_seq || !ctx->blk_out) return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
     }
     if (!ctx->h_ids || !ctx->h_pos || !ctx->h_cells || !ctx->h_rows || !ctx->h_bidx || !ctx->h_perm || !ctx->h_inv || !ctx->h_mask ||
-        !ctx->h_embd || !ctx->groups || !ctx->seq_len_tmp || !ctx->logits || !ctx->out_of) {
+        !ctx->h_embd || !ctx->groups || !ctx->seq_len_tmp || !ctx->logits || !ctx->argmax_ids || !ctx->out_of) {
         return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
     }
     return DFL_OK;
@@ -389,7 +390,7 @@ void dfl_context_free(dfl_context *ctx) {
     if (ctx->own_backend && ctx->be) backend_free(ctx->be);
     free(ctx->h_ids); free(ctx->h_pos); free(ctx->h_cells); free(ctx->h_rows); free(ctx->h_bidx);
     free(ctx->h_perm); free(ctx->h_inv); free(ctx->h_mask); free(ctx->h_embd); free(ctx->groups); free(ctx->seq_len_tmp);
-    free(ctx->logits); free(ctx->out_of); free(ctx->feat_host); free(ctx->h_erow); free(ctx->h_feat);
+    free(ctx->logits); free(ctx->argmax_ids); free(ctx->out_of); free(ctx->feat_host); free(ctx->h_erow); free(ctx->h_feat);
     free(ctx->blk_tok); free(ctx->blk_pos); free(ctx->blk_seq); free(ctx->blk_out);
     free(ctx);
 }
@@ -471,6 +472,7 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
     if (ctx->n_capture > 0) backend_event_record(ctx->ev_written, ctx->queue);
     ctx->n_outputs = n_out;
     ctx->n_batch_last = batch->n_tokens;
+    ctx->last_argmax = ctx->argmax_only;
     const bool host_needs = n_out > 0 || (ctx->n_capture > 0 && (ctx->features_to_host || !ctx->feat_device));
     if (host_needs) {
         backend_queue_synchronize(ctx->queue);
@@ -481,8 +483,15 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
     return DFL_OK;
 }
 
+void context_set_argmax_only(dfl_context *ctx, bool on) { ctx->argmax_only = on; }
+
+int32_t context_get_argmax(const dfl_context *ctx, int64_t i) {
+    if (!ctx->last_argmax || i < 0 || i >= ctx->n_batch_last || ctx->out_of[i] < 0) return -1;
+    return ctx->argmax_ids[ctx->out_of[i]];
+}
+
 const float *dfl_get_logits(const dfl_context *ctx, int64_t i) {
-    if (ctx == NULL || i < 0 || i >= ctx->n_batch_last || ctx->out_of[i] < 0) return NULL;
+    if (ctx == NULL || ctx->last_argmax || i < 0 || i >= ctx->n_batch_last || ctx->out_of[i] < 0) return NULL;
     return ctx->logits + (size_t)ctx->out_of[i] * (size_t)ctx->n_vocab;
 }
 

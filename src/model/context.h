@@ -21,6 +21,13 @@ void context_test_set_faults(dfl_context *ctx, uint32_t faults);
  * CPU backend in the ordering tests, or another device. */
 dfl_context *context_new_on(dfl_model *model, const dfl_context_params *params, backend *be, dfl_error *err);
 
+/* Output mode of the next decodes: argmax ids only (greedy verification: n_out ids come back
+ * instead of n_out x n_vocab floats; dfl_get_logits then returns NULL) or logits. */
+void context_set_argmax_only(dfl_context *ctx, bool on);
+/* Argmax id (lowest id on ties) of output entry i of the last decode made in argmax-only mode;
+ * -1 if i had no output or the decode returned logits. */
+int32_t context_get_argmax(const dfl_context *ctx, int64_t i);
+
 /* Waits for the context's queue if it has work in flight (before host staging is reused). */
 void context_sync_pending(dfl_context *ctx);
 
@@ -100,6 +107,9 @@ struct dfl_context {
     ctx_group *groups;     /* [n_ub] */
     int64_t *seq_len_tmp;  /* [n_seq] */
     /* outputs of the last decode */
+    bool argmax_only;      /* the next decodes return each output's argmax id instead of its logits */
+    bool last_argmax;      /* the last decode returned ids (logits untouched) */
+    int32_t *argmax_ids;   /* [n_out_max] host: argmax of each output row (argmax_only) */
     float *logits;         /* [n_vocab, n_out_max] host */
     int64_t *out_of;       /* [n_batch] batch index -> output row or -1 */
     int64_t n_outputs;

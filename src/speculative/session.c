@@ -359,15 +359,6 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
     return spec_step_ex(s, n, seqs, tokens, n_tokens, NULL, err);
 }
 
-/* True when seq's sampler is greedy without penalties: verification is then the argmax rule on
- * the raw logits. */
-static bool plain_greedy(const dfl_sampler *smp) {
-    const dfl_sampler_params *p = sampler_params(smp);
-    const bool penalties = p->repeat_last_n > 0 &&
-                           (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
-    return p->temp <= 0.0f && !penalties;
-}
-
 dfl_status spec_step_ex(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
                         int32_t *n_drafted, dfl_error *err) {
     const int32_t K = s->n_draft; /* the longest draft: tokens rows have K + 1 entries */
@@ -428,7 +419,13 @@ dfl_status spec_step_ex(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *to
             dfl_batch_add_token(s->verify, tok, &pos, seqs[i], true);
         }
     }
+    /* greedy sequences without penalties need only the argmax of each verify row: the verify
+     * batch then returns n ids instead of n x n_vocab logits, unless a sequence samples */
+    bool ids_only = true;
+    for (int32_t i = 0; i < n; i++) ids_only = ids_only && sampler_is_plain_greedy(s->smp[seqs[i]]);
+    context_set_argmax_only(s->tgt, ids_only);
     st = dfl_decode(s->tgt, s->verify, err);
+    context_set_argmax_only(s->tgt, false);
     if (st != DFL_OK) return st;
     double t2 = now_ms();
     s->stats.t_verify_ms += t2 - t1;
@@ -442,7 +439,10 @@ dfl_status spec_step_ex(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *to
         dfl_sampler *smp = s->smp[seq];
         int64_t a = 0;
         int32_t next = -1;
-        if (plain_greedy(smp)) {
+        if (ids_only) {
+            while (a < m && d[a] == context_get_argmax(s->tgt, s->vidx[i] + a)) a++;
+            next = context_get_argmax(s->tgt, s->vidx[i] + a);
+        } else if (sampler_is_plain_greedy(smp)) {
             while (a < m && d[a] == argmax_row(dfl_get_logits(s->tgt, s->vidx[i] + a), s->n_vocab)) a++;
             next = argmax_row(dfl_get_logits(s->tgt, s->vidx[i] + a), s->n_vocab);
         } else {

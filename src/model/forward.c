@@ -37,7 +37,7 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
         ctx->h_ids[r] = ub->token[e] >= 0 ? ub->token[e] : 0;
         ctx->h_pos[r] = ub->pos[e * ub->n_pos_sections];
         ctx->h_cells[r] = kv_cell(&ctx->kv, ub->seq_id[e], ub->pos[e * ub->n_pos_sections]);
-        ctx->h_bidx[r] = ctx->feat_device ? ub->i0 + e : e; /* feature row: batch index, or staging row */
+        ctx->h_bidx[r] = ctx->link != NULL && ctx->link->device ? ub->i0 + e : e; /* feature row: batch index, or staging row */
     }
     const int64_t n_out = fwd_output_rows(ctx, ub->output, n);
     fwd_upload_inputs(ctx, n, n_groups);

@@ -86,7 +86,7 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
         error_set(err, DFL_ERR_INVALID, "dfl_spec_new: NULL context");
         return NULL;
     }
-    if (dft->target != tgt) {
+    if (drafter_target(dft) != tgt) {
         error_set(err, DFL_ERR_INVALID, "dfl_spec_new: the drafter context was not created for this target context");
         return NULL;
     }
@@ -157,7 +157,7 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
         s->path = DFL_FEATURES_HOST;
         snprintf(s->note, sizeof(s->note), "fallback to host copies: the drafter's backend cannot read the target's buffer");
     }
-    dft->wait_on_device = p.wait == DFL_WAIT_DEVICE;
+    tgt->link->wait_on_device = p.wait == DFL_WAIT_DEVICE;
     s->inject = dfl_batch_init(n_inject, s->path == DFL_FEATURES_HOST ? s->width : 0, 1, err);
     s->probs = malloc((size_t)(p.n_draft + 1) * (size_t)s->n_vocab * sizeof(float));
     s->smp = calloc((size_t)n_seq, sizeof(dfl_sampler *));
@@ -177,8 +177,8 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
         s->want[i] = draft_start(s, i);
     }
     /* the device path reads the target's feature buffer in place: no host copy of features */
-    tgt->features_to_host = s->path == DFL_FEATURES_HOST && tgt->feat_device;
-    s->host_bytes_base = tgt->feature_host_bytes;
+    tgt->link->to_host = s->path == DFL_FEATURES_HOST && tgt->link->device;
+    s->host_bytes_base = tgt->link->host_bytes;
     return s;
 }
 
@@ -313,7 +313,7 @@ dfl_status spec_prefill_from(dfl_spec *s, int32_t seq, const int32_t *prompt, in
     s->last[seq] = tok;
     *first = tok;
     s->stats.t_prefill_ms += now_ms() - t0;
-    s->stats.feature_host_bytes = s->tgt->feature_host_bytes - s->host_bytes_base;
+    s->stats.feature_host_bytes = s->tgt->link->host_bytes - s->host_bytes_base;
     s->stats.n_prefill_tokens += n_prompt - n_cached;
     return DFL_OK;
 }
@@ -490,6 +490,6 @@ dfl_status spec_step_ex(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *to
         st = inject_rows(s, seqs[i], s->vidx[i], n_tokens[i], err);
         if (st != DFL_OK) return st;
     }
-    s->stats.feature_host_bytes = s->tgt->feature_host_bytes - s->host_bytes_base;
+    s->stats.feature_host_bytes = s->tgt->link->host_bytes - s->host_bytes_base;
     return DFL_OK;
 }

@@ -127,7 +127,7 @@ dfl_engine *dfl_engine_new(const char *target_path, const char *drafter_path, co
             return NULL;
         }
     }
-    dfl_vocab *v = dfl_vocab_load(target_path, err);
+    dfl_vocab *v = dfl_model_vocab_new(t, err);
     if (v == NULL) {
         dfl_model_free(d);
         dfl_model_free(t);

@@ -82,6 +82,7 @@ void dfl_spec_free(dfl_spec *s) {
 }
 
 dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params *params, dfl_error *err) {
+    error_clear(err);
     if (tgt == NULL || dft == NULL) {
         error_set(err, DFL_ERR_INVALID, "dfl_spec_new: NULL context");
         return NULL;
@@ -254,6 +255,7 @@ static int32_t argmax_row(const float *x, int64_t n) {
 
 dfl_status dfl_spec_prefill(dfl_spec *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int32_t *first,
                             dfl_error *err) {
+    error_clear(err);
     if (seq >= 0 && seq < s->n_seq && (dfl_seq_len(s->tgt, seq) != 0 || dfl_seq_len(s->dft, seq) != 0)) {
         return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d is not empty (reset it first)", seq);
     }
@@ -356,6 +358,7 @@ static int32_t draft_keep(const float *rows, const int32_t *d, int32_t k, int64_
  */
 dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
                          dfl_error *err) {
+    error_clear(err);
     return spec_step_ex(s, n, seqs, tokens, n_tokens, NULL, err);
 }
 

@@ -145,16 +145,9 @@ DFL_API dfl_status dfl_seq_remove(dfl_context *ctx, int32_t seq, int64_t p0, dfl
 DFL_API dfl_status dfl_seq_copy(dfl_context *ctx, int32_t src, int32_t dst, dfl_error *err);
 DFL_API const dfl_model *dfl_context_model(const dfl_context *ctx);
 
-/* ---- speculative decoding (DFlash) ------------------------------------------------------- */
+/* ---- speculative decoding (DFlash): the feature path (the engine below drives the session) -- */
 
-/* A speculative session over a target context and a drafter context (created with
- * params.target = the target context, whose capture_layers are the drafter's target_layers).
- * Each step drafts one block per active sequence in ONE drafter pass, verifies all of them in ONE
- * target batch, keeps the longest correct prefix plus a bonus token, and rolls both caches back.
- * Greedy output is bit-identical to the target's own greedy decoding; at temperature > 0 the
- * rejection rule keeps the output distribution exactly the target's. */
-typedef struct dfl_spec dfl_spec;
-
+/* How target features reach the drafter (dfl_engine_params.features). */
 typedef enum dfl_feature_path {
     DFL_FEATURES_DEVICE = 0, /* the drafter reads rows of the target's feature buffer in place */
     DFL_FEATURES_HOST = 1,   /* features are copied through host memory */
@@ -168,69 +161,6 @@ typedef enum dfl_feature_wait {
     DFL_WAIT_HOST = 0,
     DFL_WAIT_DEVICE = 1,
 } dfl_feature_wait;
-
-#define DFL_DRAFT_START 4
-
-typedef struct dfl_spec_params {
-    int32_t n_draft;             /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
-    /* adaptive draft length: a sequence's draft stops before the first token whose drafter
-     * probability (softmax of the drafter's logits) is below draft_p_min, so the target verifies
-     * only the confident part of the block (0 drafts: a plain decode step). 0: always n_draft.
-     * The output is lossless whatever the cut (it depends on the drafter only). */
-    float draft_p_min;
-    /* adaptive draft length: 0 = always n_draft; else each sequence's draft length moves between
-     * n_draft_min and n_draft (+2 after a step that accepted its whole draft, -1 after a step
-     * that rejected one of its drafts; it starts at DFL_DRAFT_START clamped to the range), and
-     * the drafter pass covers the longest of them. */
-    int32_t n_draft_min;
-    float temp;                  /* <= 0: greedy */
-    int32_t top_k;               /* target sampling transforms at temp > 0 (as dfl_sampler_params) */
-    float top_p;
-    float min_p;
-    uint64_t seed;
-    dfl_feature_path features;   /* default DFL_FEATURES_DEVICE */
-    dfl_feature_wait wait;       /* default DFL_WAIT_HOST */
-    /* optional: called after each drafter pass with a sequence's draft tokens, which it may
-     * replace (other drafting strategies; tests that force acceptance patterns). Output stays
-     * lossless whatever it writes, as long as the ids are inside the vocabulary. */
-    void (*draft_hook)(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
-    void *draft_hook_user;
-} dfl_spec_params;
-
-typedef struct dfl_spec_stats {
-    int64_t n_steps;             /* speculative steps (per sequence) */
-    int64_t n_drafted;           /* draft tokens proposed */
-    int64_t n_accepted;          /* draft tokens accepted */
-    int64_t accept_hist[65];     /* accept_hist[k]: steps that accepted exactly k draft tokens */
-    double t_draft_ms;           /* drafting (drafter block decode) */
-    double t_verify_ms;          /* target verification batches */
-    double t_inject_ms;          /* drafter feature injection */
-    double t_prefill_ms;         /* prompt processing (target + drafter injection) */
-    double t_other_ms;           /* acceptance and bookkeeping */
-    uint64_t feature_host_bytes; /* bytes of features copied through host memory */
-    int64_t n_prefill_tokens;
-} dfl_spec_stats;
-
-DFL_API dfl_spec_params dfl_spec_default_params(void);
-DFL_API dfl_spec *dfl_spec_new(dfl_context *target, dfl_context *drafter, const dfl_spec_params *params, dfl_error *err);
-DFL_API void dfl_spec_free(dfl_spec *spec);
-/* Processes seq's prompt (target + drafter context) and returns the first generated token. The
- * sequence must be empty in both contexts. */
-DFL_API dfl_status dfl_spec_prefill(dfl_spec *spec, int32_t seq, const int32_t *prompt, int64_t n_prompt, int32_t *first,
-                            dfl_error *err);
-/* One speculative step for n sequences (each prefilled). tokens [n, n_draft+1] receives each
- * sequence's newly committed tokens (accepted drafts, then the bonus), n_tokens [n] their count
- * (1..n_draft+1). */
-DFL_API dfl_status dfl_spec_step(dfl_spec *spec, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
-                         dfl_error *err);
-/* Forgets seq in both contexts (so it can be prefilled again). */
-DFL_API void dfl_spec_seq_reset(dfl_spec *spec, int32_t seq);
-DFL_API int32_t dfl_spec_n_draft(const dfl_spec *spec);
-DFL_API dfl_spec_stats dfl_spec_get_stats(const dfl_spec *spec);
-/* "device" or "host": the path in use (a device request falls back to host copies when the
- * target has no feature buffer or the drafter cannot read it); the note says why. */
-DFL_API const char *dfl_spec_feature_path_name(const dfl_spec *spec);
-DFL_API const char *dfl_spec_feature_note(const dfl_spec *spec);
 
 /* Hyperparameters of a loaded model. */
 typedef struct dfl_hparams {

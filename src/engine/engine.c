@@ -41,7 +41,7 @@ struct dfl_engine {
     dfl_vocab *vocab;
     bool own_vocab;
     dfl_context *tctx, *dctx;
-    dfl_spec *spec;            /* NULL: plain decoding */
+    spec_session *spec;            /* NULL: plain decoding */
     dfl_engine_params params;
     int32_t n_seq, n_draft;
     int64_t n_ctx, n_vocab, n_batch;
@@ -94,7 +94,7 @@ void dfl_engine_free(dfl_engine *e) {
         for (int32_t i = 0; i < e->n_seq; i++) seq_free(&e->seqs[i]);
         free(e->seqs);
     }
-    dfl_spec_free(e->spec);
+    spec_free(e->spec);
     dfl_context_free(e->dctx);
     dfl_context_free(e->tctx);
     dfl_batch_free(e->batch);
@@ -260,7 +260,7 @@ dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, co
         dp.target = e->tctx;
         e->dctx = dfl_context_new(drafter, &dp, err);
         if (e->dctx == NULL) goto fail;
-        dfl_spec_params sp = dfl_spec_default_params();
+        spec_params sp = spec_default_params();
         sp.n_draft = n_draft;
         sp.n_draft_min = p.n_draft_min;
         sp.draft_p_min = p.draft_p_min;
@@ -268,7 +268,7 @@ dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, co
         sp.wait = p.wait;
         sp.draft_hook = p.draft_hook;
         sp.draft_hook_user = p.draft_hook_user;
-        e->spec = dfl_spec_new(e->tctx, e->dctx, &sp, err);
+        e->spec = spec_new(e->tctx, e->dctx, &sp, err);
         if (e->spec == NULL) goto fail;
     } else {
         e->batch = dfl_batch_init(cp.n_batch, 0, 1, err);
@@ -307,9 +307,9 @@ const dfl_model *dfl_engine_drafter(const dfl_engine *e) { return e->drafter; }
 int32_t dfl_engine_n_seq(const dfl_engine *e) { return e->n_seq; }
 int64_t dfl_engine_n_ctx(const dfl_engine *e) { return e->n_ctx; }
 int32_t dfl_engine_n_draft(const dfl_engine *e) { return e->n_draft; }
-const char *dfl_engine_feature_path(const dfl_engine *e) { return e->spec ? dfl_spec_feature_path_name(e->spec) : "none"; }
+const char *dfl_engine_feature_path(const dfl_engine *e) { return e->spec ? spec_feature_path_name(e->spec) : "none"; }
 const char *dfl_engine_feature_note(const dfl_engine *e) {
-    return e->spec ? dfl_spec_feature_note(e->spec) : "plain decoding (no drafter)";
+    return e->spec ? spec_feature_note(e->spec) : "plain decoding (no drafter)";
 }
 
 /* Positions a step of one sequence needs after its cached tokens. */
@@ -706,7 +706,7 @@ dfl_status dfl_engine_seq_reset(dfl_engine *e, int32_t seq, dfl_error *err) {
     if (st != DFL_OK) return st;
     eng_seq *q = &e->seqs[seq];
     if (e->spec != NULL) {
-        dfl_spec_seq_reset(e->spec, seq);
+        spec_seq_reset(e->spec, seq);
         spec_seq_set_sampler(e->spec, seq, NULL);
     }
     seq_trim(e, seq, 0);
@@ -756,7 +756,7 @@ dfl_status dfl_engine_seq_stats(const dfl_engine *e, int32_t seq, dfl_seq_stats 
 dfl_engine_stats dfl_engine_get_stats(const dfl_engine *e) {
     dfl_engine_stats s = e->stats;
     if (e->spec != NULL) {
-        const dfl_spec_stats ss = dfl_spec_get_stats(e->spec);
+        const spec_stats ss = spec_get_stats(e->spec);
         s.t_draft_ms = ss.t_draft_ms;
         s.t_verify_ms = ss.t_verify_ms;
         s.t_inject_ms = ss.t_inject_ms;

@@ -135,7 +135,7 @@ $(BUILD)/dflash-tests: $(TEST_OBJ) $(BUILD)/libdflash-test.a
 
 # Runs every test (C unit tests, CLI tests, numpy reference and llama.cpp peer tests; the last
 # two skip with a message where python3-numpy or node are missing).
-test: toolchains $(BUILD)/dflash $(BUILD)/dflash-tests
+test: toolchains $(BUILD)/dflash $(BUILD)/dflash-tests $(if $(filter build,$(BUILD)),$(BUILD)/libdflash.so)
 	DFLASH_CLI=$(BUILD)/dflash ./$(BUILD)/dflash-tests $(T)
 
 # Dependencies (Debian packages and the pinned npm peers); idempotent.

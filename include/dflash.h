@@ -449,6 +449,10 @@ typedef struct dfl_seq_params {
     int32_t n_stop;              /* at most 16 */
     bool ignore_eos;             /* the vocabulary's end-of-generation tokens do not stop */
     bool special;                /* write the text of control tokens */
+    /* > 0: dfl_engine_seq_start prefills at most this many prompt tokens, and every
+     * dfl_engine_step prefills the next chunk (DFL_SEQ_PREFILL) until the prompt is in, so a
+     * long prompt does not stall the other sequences' steps; 0: the whole prompt at start */
+    int64_t prefill_chunk;
 } dfl_seq_params;
 
 DFL_API dfl_seq_params dfl_seq_default_params(void);
@@ -457,6 +461,7 @@ typedef enum dfl_seq_state {
     DFL_SEQ_IDLE = 0,     /* never started, or reset */
     DFL_SEQ_ACTIVE = 1,   /* generating: advanced by dfl_engine_step */
     DFL_SEQ_FINISHED = 2, /* stopped (see dfl_finish_reason); its cache stays for prefix reuse */
+    DFL_SEQ_PREFILL = 3,  /* its prompt is being prefilled chunk by chunk (dfl_engine_step) */
 } dfl_seq_state;
 
 typedef enum dfl_finish_reason {
@@ -504,20 +509,23 @@ typedef struct dfl_engine_stats {
 
 /* Starts seq (idle or finished) on a prompt: decodes only the part after the longest prefix it
  * shares with what the sequence's cache holds (at least the last prompt token), then samples
- * the first token (readable with dfl_engine_seq_read; the sequence may already be finished).
+ * the first token (readable with dfl_engine_seq_read; the sequence may already be finished);
+ * with params.prefill_chunk the prompt is prefilled over the next steps instead.
  * Errors (nothing changes): seq outside 0..n_seq-1, an active sequence, an empty prompt or a
  * token outside the vocabulary, a prompt that leaves no room to generate, parameter values
  * out of range (the message names the value and the limit). */
 DFL_API dfl_status dfl_engine_seq_start(dfl_engine *engine, int32_t seq, const int32_t *prompt, int64_t n_prompt,
                                 const dfl_seq_params *params, dfl_error *err);
-/* Advances the n sequences seqs (seqs NULL: every active sequence; none active: nothing to do).
- * Each listed sequence must be active and listed once; on such an error nothing changes. A
- * sequence without room for the step finishes with DFL_FINISH_CTX. */
+/* Advances the n sequences seqs (seqs NULL: every active or prefilling sequence; none: nothing
+ * to do): a prefilling sequence gets its next prompt chunk (and its first token with the last
+ * chunk), the active ones one step together. Each listed sequence must be active or prefilling
+ * and listed once; on such an error nothing changes. A sequence without room for the step
+ * finishes with DFL_FINISH_CTX. */
 DFL_API dfl_status dfl_engine_step(dfl_engine *engine, const int32_t *seqs, int32_t n, dfl_error *err);
-/* Active sequences now. */
+/* Sequences active or prefilling now. */
 DFL_API int32_t dfl_engine_n_active(const dfl_engine *engine);
-/* Ends an active sequence now (DFL_FINISH_CANCELLED; its held-back text is dropped). A sequence
- * that is idle or finished is left as it is. DFL_ERR_INVALID only for seq out of range. */
+/* Ends an active or prefilling sequence now (DFL_FINISH_CANCELLED; its held-back text is
+ * dropped). A sequence that is idle or finished is left as it is. DFL_ERR_INVALID only for seq out of range. */
 DFL_API dfl_status dfl_engine_seq_cancel(dfl_engine *engine, int32_t seq, dfl_error *err);
 /* Forgets seq (cache, output, stats): idle. */
 DFL_API dfl_status dfl_engine_seq_reset(dfl_engine *engine, int32_t seq, dfl_error *err);

@@ -270,12 +270,15 @@ TEST(engine_join_leave_cancel_solo) {
             plen[s] = (int)dfl_tokenize(vocab, texts[s], strlen(texts[s]), prompts[s], 64, true, false);
             REQUIRE(plen[s] > 0);
         }
-        sp[3].n_draft = 3; /* a per-sequence draft cap */
+        sp[3].n_draft = 3;        /* a per-sequence draft cap */
+        sp[2].prefill_chunk = 3;  /* a prompt prefilled in chunks between the others' steps */
         int32_t solo[4][MAXG];
         int64_t n_solo[4];
         dfl_seq_stats solo_st[4];
         for (int s = 0; s < 4; s++) {
-            REQUIRE(solo_run(t, m.tm, m.dm, &ep, prompts[s], plen[s], &sp[s], solo[s], &n_solo[s], &solo_st[s]));
+            dfl_seq_params whole = sp[s]; /* solo: the whole prompt at start */
+            whole.prefill_chunk = 0;
+            REQUIRE(solo_run(t, m.tm, m.dm, &ep, prompts[s], plen[s], &whole, solo[s], &n_solo[s], &solo_st[s]));
         }
         dfl_error err = {0};
         dfl_engine *e = dfl_engine_new_from_models(m.tm, m.dm, NULL, &ep, &err);
@@ -288,6 +291,7 @@ TEST(engine_join_leave_cancel_solo) {
             const int join = step == 0 ? 0 : step == 2 ? 1 : step == 4 ? 2 : step == 5 ? 3 : -1;
             if (join >= 0) ok = dfl_engine_seq_start(e, join, prompts[join], plen[join], &sp[join], &err) == DFL_OK;
             if (step == 4) ok = ok && dfl_engine_seq_cancel(e, 0, &err) == DFL_OK;
+            if (step == 4) CHECK_EQ_INT(dfl_engine_seq_state(e, 2), DFL_SEQ_PREFILL);
             for (int s = 0; s < 4; s++) {
                 dfl_seq_output o;
                 dfl_engine_seq_read(e, s, &o, &err);
@@ -359,7 +363,10 @@ TEST(engine_prefix_reuse) {
         memcpy(p2 + 30, got[0], 6 * sizeof(int32_t));
         for (int i = 36; i < 60; i++) p2[i] = (int32_t)((i * 37 + 5) % NV);
         sp.max_tokens = 15;
+        sp.prefill_chunk = 7; /* the 24 new prompt tokens over 4 calls */
         REQUIRE(dfl_engine_seq_start(e, 0, p2, 60, &sp, &err) == DFL_OK);
+        CHECK_EQ_INT(dfl_engine_seq_state(e, 0), DFL_SEQ_PREFILL);
+        sp.prefill_chunk = 0;
         dfl_seq_stats st;
         dfl_engine_seq_stats(e, 0, &st, &err);
         CHECK_EQ_INT(st.n_reused, 36);

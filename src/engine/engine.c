@@ -21,6 +21,8 @@ typedef struct eng_seq {
     dfl_detok *detok;          /* NULL without a vocabulary */
     int32_t *hist;             /* [n_ctx] the tokens its caches hold, in order */
     int64_t n_hist;
+    int64_t n_prompt;          /* the prompt's length (hist[n_hist, n_prompt): still to prefill) */
+    int64_t prefill_chunk;     /* prompt tokens per prefill call, <= 0: all */
     int32_t pending;           /* the last committed token, not yet in the caches; -1: none */
     int64_t max_tokens;        /* <= 0: no limit */
     int32_t *stop_tok;         /* [n_stop_tok] */
@@ -423,6 +425,10 @@ static dfl_status check_seq_params(const dfl_engine *e, const dfl_seq_params *p,
         return error_set(err, DFL_ERR_INVALID, "seq_start: draft length %d is outside 0..%d (the engine's draft length)",
                          p->n_draft, e->n_draft);
     }
+    if (p->prefill_chunk < 0) {
+        return error_set(err, DFL_ERR_INVALID, "seq_start: prefill_chunk %lld is negative (0: the whole prompt)",
+                         (long long)p->prefill_chunk);
+    }
     if (p->n_stop_tokens < 0 || p->n_stop_tokens > 1024 || (p->n_stop_tokens > 0 && p->stop_tokens == NULL)) {
         return error_set(err, DFL_ERR_INVALID, "seq_start: %d stop tokens (expected 0..1024 with an array)",
                          p->n_stop_tokens);
@@ -450,12 +456,13 @@ static dfl_status check_seq_params(const dfl_engine *e, const dfl_seq_params *p,
     return DFL_OK;
 }
 
-/* Plain path: decodes prompt[n_cached, n_prompt) of seq and samples the first token. */
-static dfl_status plain_prefill(dfl_engine *e, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t n_cached,
-                                dfl_sampler *smp, int32_t *first, dfl_error *err) {
+/* Plain path: decodes prompt[from, to) of seq; with the last prompt token, samples the first
+ * token into *first (else -1). */
+static dfl_status plain_prefill(dfl_engine *e, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t from,
+                                int64_t to, dfl_sampler *smp, int32_t *first, dfl_error *err) {
     const int64_t chunk = e->batch->n_tokens_max < e->n_batch ? e->batch->n_tokens_max : e->n_batch;
-    for (int64_t off = n_cached; off < n_prompt; off += chunk) {
-        const int64_t m = n_prompt - off < chunk ? n_prompt - off : chunk;
+    for (int64_t off = from; off < to; off += chunk) {
+        const int64_t m = to - off < chunk ? to - off : chunk;
         dfl_batch_clear(e->batch);
         for (int64_t k = 0; k < m; k++) {
             const int32_t pos = (int32_t)(off + k);
@@ -464,12 +471,45 @@ static dfl_status plain_prefill(dfl_engine *e, int32_t seq, const int32_t *promp
         dfl_status st = dfl_decode(e->tctx, e->batch, err);
         if (st != DFL_OK) return st;
     }
+    *first = -1;
+    if (to < n_prompt) return DFL_OK;
     for (int64_t i = 0; i < n_prompt; i++) dfl_sampler_accept(smp, prompt[i]);
     const int32_t tok = dfl_sampler_sample(smp, dfl_get_logits(e->tctx, e->batch->n_tokens - 1));
     if (tok < 0) return error_set(err, DFL_ERR_INVALID, "prefill: the target's logits are not finite");
     dfl_sampler_accept(smp, tok);
     *first = tok;
     return DFL_OK;
+}
+
+/* Drops positions >= p0 of seq from both caches. */
+static void seq_trim(dfl_engine *e, int32_t seq, int64_t p0);
+
+/* Prefills the next chunk of a prefilling sequence (all of the rest without a chunk size); the
+ * last chunk samples the first token and makes the sequence active. */
+static dfl_status prefill_next(dfl_engine *e, int32_t seq, dfl_error *err) {
+    eng_seq *q = &e->seqs[seq];
+    const int64_t from = q->n_hist;
+    const int64_t to = q->prefill_chunk > 0 && q->n_prompt - from > q->prefill_chunk ? from + q->prefill_chunk : q->n_prompt;
+    const double t0 = now_ms();
+    int32_t first = -1;
+    dfl_status st;
+    if (e->spec != NULL) st = spec_prefill_range(e->spec, seq, q->hist, q->n_prompt, from, to, &first, err);
+    else st = plain_prefill(e, seq, q->hist, q->n_prompt, from, to, q->smp, &first, err);
+    if (st != DFL_OK) {
+        seq_trim(e, seq, 0);
+        q->state = DFL_SEQ_IDLE;
+        q->finish = DFL_FINISH_NONE;
+        return st;
+    }
+    const double dt = now_ms() - t0;
+    q->n_hist = to;
+    q->stats.t_prefill_ms += dt;
+    e->stats.t_prefill_ms += dt;
+    e->stats.n_prompt_tokens += to - from;
+    if (to < q->n_prompt) return DFL_OK;
+    q->pending = first;
+    q->state = DFL_SEQ_ACTIVE;
+    return commit_tokens(e, q, &first, 1, err);
 }
 
 /* Drops positions >= p0 of seq from both caches. */
@@ -486,8 +526,9 @@ dfl_status dfl_engine_seq_start(dfl_engine *e, int32_t seq, const int32_t *promp
     dfl_status st = check_seq(e, seq, "seq_start", err);
     if (st != DFL_OK) return st;
     eng_seq *q = &e->seqs[seq];
-    if (q->state == DFL_SEQ_ACTIVE) {
-        return error_set(err, DFL_ERR_INVALID, "seq_start: sequence %d is active (cancel or reset it first)", seq);
+    if (q->state == DFL_SEQ_ACTIVE || q->state == DFL_SEQ_PREFILL) {
+        return error_set(err, DFL_ERR_INVALID, "seq_start: sequence %d is %s (cancel or reset it first)", seq,
+                         q->state == DFL_SEQ_ACTIVE ? "active" : "prefilling");
     }
     if (prompt == NULL || n_prompt < 1) return error_set(err, DFL_ERR_INVALID, "seq_start: the prompt is empty");
     const int64_t room = e->n_ctx - step_room(e);
@@ -541,30 +582,16 @@ dfl_status dfl_engine_seq_start(dfl_engine *e, int32_t seq, const int32_t *promp
     q->text.p[0] = '\0';
     q->drained = false;
     q->pending = -1;
-    const double t0 = now_ms();
-    int32_t first = -1;
     if (e->spec != NULL) {
         spec_seq_set_sampler(e->spec, seq, smp);
         spec_seq_set_max_draft(e->spec, seq, p.n_draft);
-        st = spec_prefill_from(e->spec, seq, prompt, n_prompt, keep, &first, err);
-    } else {
-        st = plain_prefill(e, seq, prompt, n_prompt, keep, smp, &first, err);
-    }
-    if (st != DFL_OK) {
-        seq_trim(e, seq, 0);
-        q->state = DFL_SEQ_IDLE;
-        q->finish = DFL_FINISH_NONE;
-        return st;
     }
     memcpy(q->hist + keep, prompt + keep, (size_t)(n_prompt - keep) * sizeof(int32_t));
-    q->n_hist = n_prompt;
-    q->pending = first;
-    q->state = DFL_SEQ_ACTIVE;
+    q->n_prompt = n_prompt;
+    q->prefill_chunk = p.prefill_chunk;
+    q->state = DFL_SEQ_PREFILL;
     q->finish = DFL_FINISH_NONE;
-    q->stats.t_prefill_ms = now_ms() - t0;
-    e->stats.t_prefill_ms += q->stats.t_prefill_ms;
-    e->stats.n_prompt_tokens += n_prompt - keep;
-    return commit_tokens(e, q, &first, 1, err);
+    return prefill_next(e, seq, err);
 nomem:
     dfl_sampler_free(smp);
     dfl_detok_free(dt);
@@ -574,7 +601,7 @@ nomem:
 
 int32_t dfl_engine_n_active(const dfl_engine *e) {
     int32_t n = 0;
-    for (int32_t i = 0; i < e->n_seq; i++) n += e->seqs[i].state == DFL_SEQ_ACTIVE;
+    for (int32_t i = 0; i < e->n_seq; i++) n += e->seqs[i].state == DFL_SEQ_ACTIVE || e->seqs[i].state == DFL_SEQ_PREFILL;
     return n;
 }
 
@@ -612,7 +639,7 @@ dfl_status dfl_engine_step(dfl_engine *e, const int32_t *seqs, int32_t n, dfl_er
     int32_t n_act = 0;
     if (seqs == NULL) {
         for (int32_t i = 0; i < e->n_seq; i++) {
-            if (e->seqs[i].state == DFL_SEQ_ACTIVE) e->act[n_act++] = i;
+            if (e->seqs[i].state == DFL_SEQ_ACTIVE || e->seqs[i].state == DFL_SEQ_PREFILL) e->act[n_act++] = i;
         }
     } else {
         if (n < 0 || n > e->n_seq) {
@@ -623,7 +650,7 @@ dfl_status dfl_engine_step(dfl_engine *e, const int32_t *seqs, int32_t n, dfl_er
             dfl_status st = check_seq(e, seqs[i], "step", err);
             if (st != DFL_OK) return st;
             const eng_seq *q = &e->seqs[seqs[i]];
-            if (q->state != DFL_SEQ_ACTIVE) {
+            if (q->state != DFL_SEQ_ACTIVE && q->state != DFL_SEQ_PREFILL) {
                 return error_set(err, DFL_ERR_INVALID, "step: sequence %d is %s", seqs[i],
                                  q->state == DFL_SEQ_IDLE ? "idle (not started)" : finish_name(q->finish));
             }
@@ -634,11 +661,15 @@ dfl_status dfl_engine_step(dfl_engine *e, const int32_t *seqs, int32_t n, dfl_er
         memcpy(e->act, seqs, (size_t)n * sizeof(int32_t));
         n_act = n;
     }
-    /* sequences without room for a step finish here */
+    /* prefilling sequences get their next chunk (they step from the next call on); sequences
+     * without room for a step finish here */
     int32_t m = 0;
     for (int32_t i = 0; i < n_act; i++) {
         eng_seq *q = &e->seqs[e->act[i]];
-        if (q->n_hist + step_room(e) > e->n_ctx) {
+        if (q->state == DFL_SEQ_PREFILL) {
+            dfl_status st = prefill_next(e, e->act[i], err);
+            if (st != DFL_OK) return st;
+        } else if (q->n_hist + step_room(e) > e->n_ctx) {
             out_begin(q);
             seq_finish(q, DFL_FINISH_CTX);
             dfl_status st = text_end(q, err);
@@ -693,7 +724,7 @@ dfl_status dfl_engine_seq_cancel(dfl_engine *e, int32_t seq, dfl_error *err) {
     dfl_status st = check_seq(e, seq, "seq_cancel", err);
     if (st != DFL_OK) return st;
     eng_seq *q = &e->seqs[seq];
-    if (q->state != DFL_SEQ_ACTIVE) return DFL_OK;
+    if (q->state != DFL_SEQ_ACTIVE && q->state != DFL_SEQ_PREFILL) return DFL_OK;
     out_begin(q);
     seq_finish(q, DFL_FINISH_CANCELLED);
     stop_text_set(&q->stop, NULL, 0); /* drops the held text */

@@ -35,6 +35,7 @@ struct spec_session {
     float *dlogits;         /* [n_seq * n_draft, n_vocab] drafter logits (draft_p_min > 0 only) */
     dfl_batch *verify;      /* [n_seq * (n_draft+1)] token entries */
     dfl_batch *inject;      /* drafter injection entries (features or rows) */
+    dfl_batch *pbatch;      /* [n_batch] prompt chunks */
     float *probs;           /* [n_draft+1, n_vocab] target distributions of one sequence (sampling) */
     int64_t *vidx;          /* [n_seq] index of each sequence's first entry in the verify batch */
     spec_stats stats;
@@ -68,6 +69,7 @@ void spec_free(spec_session *s) {
     dfl_sampler_free(s->sampler);
     dfl_batch_free(s->verify);
     dfl_batch_free(s->inject);
+    dfl_batch_free(s->pbatch);
     free(s->smp);
     free(s->kmax);
     free(s->lens);
@@ -161,11 +163,12 @@ spec_session *spec_new(dfl_context *tgt, dfl_context *dft, const spec_params *pa
     tgt->link->wait_on_device = p.wait == DFL_WAIT_DEVICE;
     s->inject = dfl_batch_init(n_inject, s->path == DFL_FEATURES_HOST ? s->width : 0, 1, err);
     s->probs = malloc((size_t)(p.n_draft + 1) * (size_t)s->n_vocab * sizeof(float));
+    s->pbatch = dfl_batch_init(tgt->params.n_batch, 0, 1, err);
     s->smp = calloc((size_t)n_seq, sizeof(dfl_sampler *));
     s->kmax = calloc((size_t)n_seq, sizeof(int32_t));
     s->lens = calloc((size_t)n_seq, sizeof(int32_t));
     if (s->sampler == NULL || s->last == NULL || s->draft == NULL || s->vidx == NULL || s->n_use == NULL || s->want == NULL ||
-        s->verify == NULL || s->inject == NULL || s->probs == NULL || s->smp == NULL || s->kmax == NULL || s->lens == NULL ||
+        s->verify == NULL || s->inject == NULL || s->probs == NULL || s->pbatch == NULL || s->smp == NULL || s->kmax == NULL || s->lens == NULL ||
         (p.draft_p_min > 0.0f && s->dlogits == NULL)) {
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the speculative session");
         spec_free(s);
@@ -264,34 +267,38 @@ dfl_status spec_prefill(spec_session *s, int32_t seq, const int32_t *prompt, int
 
 dfl_status spec_prefill_from(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t n_cached,
                              int32_t *first, dfl_error *err) {
+    return spec_prefill_range(s, seq, prompt, n_prompt, n_cached, n_prompt, first, err);
+}
+
+dfl_status spec_prefill_range(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t from,
+                              int64_t to, int32_t *first, dfl_error *err) {
     if (seq < 0 || seq >= s->n_seq) return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d is out of range", seq);
     if (n_prompt < 1 || prompt == NULL) return error_set(err, DFL_ERR_INVALID, "prefill: the prompt is empty");
-    if (n_cached < 0 || n_cached >= n_prompt || dfl_seq_len(s->tgt, seq) != n_cached ||
-        dfl_seq_len(s->dft, seq) != n_cached) {
+    if (from < 0 || from >= to || to > n_prompt || dfl_seq_len(s->tgt, seq) != from || dfl_seq_len(s->dft, seq) != from) {
         return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d holds %lld (target) and %lld (drafter) positions, "
-                         "expected the %lld cached prompt tokens", seq, (long long)dfl_seq_len(s->tgt, seq),
-                         (long long)dfl_seq_len(s->dft, seq), (long long)n_cached);
+                         "expected %lld before prompt tokens %lld..%lld of %lld", seq, (long long)dfl_seq_len(s->tgt, seq),
+                         (long long)dfl_seq_len(s->dft, seq), (long long)from, (long long)from, (long long)to - 1,
+                         (long long)n_prompt);
     }
     const int64_t room = dfl_n_ctx(s->tgt) - (s->n_draft + 1);
     if (n_prompt > room) {
         return error_set(err, DFL_ERR_CTX_FULL, "prompt of %lld tokens does not fit the context (%lld positions, %d kept "
                          "free for a verification block)", (long long)n_prompt, (long long)dfl_n_ctx(s->tgt), s->n_draft + 1);
     }
-    for (int64_t i = 0; i < n_prompt; i++) {
+    for (int64_t i = from; i < to; i++) {
         if (prompt[i] < 0 || prompt[i] >= s->n_vocab) {
             return error_set(err, DFL_ERR_INVALID, "prompt token %lld = %d is outside the vocabulary (%lld)", (long long)i,
                              prompt[i], (long long)s->n_vocab);
         }
     }
     const double t0 = now_ms();
-    const int64_t chunk = s->tgt->params.n_batch;
-    dfl_batch *pb = dfl_batch_init(chunk, 0, 1, err);
-    if (pb == NULL) return err ? err->code : DFL_ERR_NOMEM;
+    dfl_batch *pb = s->pbatch;
+    const int64_t chunk = pb->n_tokens_max;
     dfl_sampler *smp = s->smp[seq];
     dfl_status st = DFL_OK;
     int32_t tok = -1;
-    for (int64_t off = n_cached; off < n_prompt && st == DFL_OK; off += chunk) {
-        const int64_t m = n_prompt - off < chunk ? n_prompt - off : chunk;
+    for (int64_t off = from; off < to && st == DFL_OK; off += chunk) {
+        const int64_t m = to - off < chunk ? to - off : chunk;
         dfl_batch_clear(pb);
         for (int64_t k = 0; k < m; k++) {
             const int32_t pos = (int32_t)(off + k);
@@ -307,16 +314,15 @@ dfl_status spec_prefill_from(spec_session *s, int32_t seq, const int32_t *prompt
             else dfl_sampler_accept(smp, tok);
         }
     }
-    dfl_batch_free(pb);
     if (st != DFL_OK) {
         spec_seq_reset(s, seq);
         return st;
     }
-    s->last[seq] = tok;
-    *first = tok;
+    if (to == n_prompt) s->last[seq] = tok;
+    if (first != NULL) *first = tok;
     s->stats.t_prefill_ms += now_ms() - t0;
     s->stats.feature_host_bytes = s->tgt->link->host_bytes - s->host_bytes_base;
-    s->stats.n_prefill_tokens += n_prompt - n_cached;
+    s->stats.n_prefill_tokens += to - from;
     return DFL_OK;
 }
 

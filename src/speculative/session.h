@@ -88,6 +88,11 @@ void spec_seq_set_max_draft(spec_session *s, int32_t seq, int32_t n_draft);
  * rest and samples the first token. 0 <= n_cached < n_prompt. */
 dfl_status spec_prefill_from(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t n_cached,
                              int32_t *first, dfl_error *err);
+/* Prefills prompt[from, to) of seq (its caches hold prompt[0, from)); when to == n_prompt, also
+ * samples the first token into *first (else *first = -1). Lets a long prompt be prefilled in
+ * chunks between steps of other sequences. */
+dfl_status spec_prefill_range(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t from,
+                              int64_t to, int32_t *first, dfl_error *err);
 /* spec_step, plus n_drafted [n]: the drafts each sequence verified this step (NULL: not
  * wanted). */
 dfl_status spec_step_ex(spec_session *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,

@@ -453,6 +453,11 @@ typedef struct dfl_seq_params {
      * dfl_engine_step prefills the next chunk (DFL_SEQ_PREFILL) until the prompt is in, so a
      * long prompt does not stall the other sequences' steps; 0: the whole prompt at start */
     int64_t prefill_chunk;
+    /* log-probabilities of the generated tokens under the target's distribution (log-softmax of
+     * its logits at temperature 1, before any sampling transform) and of the n_top_logprobs most
+     * likely tokens at each position (0..20); greedy steps then return full logits */
+    bool logprobs;
+    int32_t n_top_logprobs;
 } dfl_seq_params;
 
 DFL_API dfl_seq_params dfl_seq_default_params(void);
@@ -480,6 +485,12 @@ typedef struct dfl_seq_output {
     int64_t n_tokens;
     const char *text;         /* new text: valid UTF-8, never part of a stop string; NUL-terminated */
     size_t text_len;
+    /* with dfl_seq_params.logprobs (else NULL): logprobs[i] of tokens[i]; top_ids / top_logprobs
+     * [n_tokens, n_top]: the n_top most likely tokens at each position, most likely first */
+    const float *logprobs;
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    int32_t n_top;
 } dfl_seq_output;
 
 typedef struct dfl_seq_stats {

@@ -10,6 +10,7 @@
 #include "sample/sampler.h"
 #include "speculative/session.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -29,9 +30,14 @@ typedef struct eng_seq {
     int32_t n_stop_tok;
     bool ignore_eos;
     stop_text stop;
+    bool want_lp;              /* logprobs asked for */
+    int32_t n_top;             /* top logprobs per position */
     /* output since the last read */
     int32_t *out_tok;
     int64_t n_out, cap_out;
+    float *out_lp;             /* [cap_out] (want_lp) */
+    int32_t *out_top_id;       /* [cap_out, n_top] */
+    float *out_top_lp;         /* [cap_out, n_top] */
     text_buf text;
     bool drained;              /* read since the last append: the next append starts afresh */
     dfl_seq_stats stats;
@@ -87,6 +93,9 @@ static void seq_free(eng_seq *q) {
     free(q->stop_tok);
     stop_text_free(&q->stop);
     free(q->out_tok);
+    free(q->out_lp);
+    free(q->out_top_id);
+    free(q->out_top_lp);
     text_buf_free(&q->text);
 }
 
@@ -345,12 +354,56 @@ static void out_begin(eng_seq *q) {
     }
 }
 
-static dfl_status out_token(eng_seq *q, int32_t tok, dfl_error *err) {
-    if (q->n_out == q->cap_out) {
-        int32_t *p = realloc(q->out_tok, (size_t)q->cap_out * 2 * sizeof(int32_t));
-        if (p == NULL) return error_set(err, DFL_ERR_NOMEM, "engine: out of memory for the output");
-        q->out_tok = p;
-        q->cap_out *= 2;
+/* Grows the output arrays to hold n tokens. */
+static bool out_reserve(eng_seq *q, int64_t n) {
+    if (n <= q->cap_out && (!q->want_lp || q->out_lp != NULL)) return true;
+    int64_t cap = q->cap_out;
+    while (cap < n) cap *= 2;
+    int32_t *t = realloc(q->out_tok, (size_t)cap * sizeof(int32_t));
+    if (t == NULL) return false;
+    q->out_tok = t;
+    q->cap_out = cap;
+    if (q->want_lp) {
+        const size_t nt = (size_t)(q->n_top > 0 ? q->n_top : 1);
+        float *lp = realloc(q->out_lp, (size_t)cap * sizeof(float));
+        if (lp != NULL) q->out_lp = lp;
+        int32_t *ti = realloc(q->out_top_id, (size_t)cap * nt * sizeof(int32_t));
+        if (ti != NULL) q->out_top_id = ti;
+        float *tl = realloc(q->out_top_lp, (size_t)cap * nt * sizeof(float));
+        if (tl != NULL) q->out_top_lp = tl;
+        if (lp == NULL || ti == NULL || tl == NULL) return false;
+    }
+    return true;
+}
+
+/* Log-softmax of logits [n_vocab] at tok, and the n_top most likely tokens (most likely first,
+ * lowest id on ties). */
+static void logprobs_of(const float *l, int64_t n_vocab, int32_t tok, int32_t n_top, float *lp, int32_t *top_id,
+                        float *top_lp) {
+    float mx = l[0];
+    for (int64_t v = 1; v < n_vocab; v++) mx = l[v] > mx ? l[v] : mx;
+    double sum = 0.0;
+    for (int64_t v = 0; v < n_vocab; v++) sum += exp((double)l[v] - (double)mx);
+    const double lse = (double)mx + log(sum);
+    *lp = (float)((double)l[tok] - lse);
+    for (int32_t k = 0; k < n_top; k++) {
+        int64_t best = -1;
+        for (int64_t v = 0; v < n_vocab; v++) {
+            bool taken = false;
+            for (int32_t j = 0; j < k && !taken; j++) taken = top_id[j] == v;
+            if (!taken && (best < 0 || l[v] > l[best])) best = v;
+        }
+        top_id[k] = (int32_t)best;
+        top_lp[k] = (float)((double)l[best] - lse);
+    }
+}
+
+static dfl_status out_token(dfl_engine *e, eng_seq *q, int32_t tok, const float *logits, dfl_error *err) {
+    if (!out_reserve(q, q->n_out + 1)) return error_set(err, DFL_ERR_NOMEM, "engine: out of memory for the output");
+    if (q->want_lp) {
+        if (logits == NULL) return error_set(err, DFL_ERR_INTERNAL, "engine: no logits for the logprobs of token %d", tok);
+        logprobs_of(logits, e->n_vocab, tok, q->n_top, &q->out_lp[q->n_out], q->out_top_id + (size_t)q->n_out * (size_t)q->n_top,
+                    q->out_top_lp + (size_t)q->n_out * (size_t)q->n_top);
     }
     q->out_tok[q->n_out++] = tok;
     return DFL_OK;
@@ -384,8 +437,10 @@ nomem:
     return error_set(err, DFL_ERR_NOMEM, "engine: out of memory for the text");
 }
 
-/* Commits the generated tokens toks[0..n) of q in order, until one ends the generation. */
-static dfl_status commit_tokens(dfl_engine *e, eng_seq *q, const int32_t *toks, int32_t n, dfl_error *err) {
+/* Commits the generated tokens toks[0..n) of q in order, until one ends the generation; rows[j]
+ * (rows may be NULL without logprobs): the target's logits token j was drawn from. */
+static dfl_status commit_tokens(dfl_engine *e, eng_seq *q, const int32_t *toks, int32_t n, const float *const *rows,
+                                dfl_error *err) {
     out_begin(q);
     for (int32_t j = 0; j < n && q->state == DFL_SEQ_ACTIVE; j++) {
         const int32_t tok = toks[j];
@@ -395,7 +450,7 @@ static dfl_status commit_tokens(dfl_engine *e, eng_seq *q, const int32_t *toks, 
             seq_finish(q, DFL_FINISH_STOP);
             break;
         }
-        dfl_status st = out_token(q, tok, err);
+        dfl_status st = out_token(e, q, tok, rows != NULL ? rows[j] : NULL, err);
         if (st != DFL_OK) return st;
         if (q->detok != NULL) {
             const char *t;
@@ -424,6 +479,9 @@ static dfl_status check_seq_params(const dfl_engine *e, const dfl_seq_params *p,
         }
         return error_set(err, DFL_ERR_INVALID, "seq_start: draft length %d is outside 0..%d (the engine's draft length)",
                          p->n_draft, e->n_draft);
+    }
+    if (p->n_top_logprobs < 0 || p->n_top_logprobs > 20) {
+        return error_set(err, DFL_ERR_INVALID, "seq_start: n_top_logprobs %d is outside 0..20", p->n_top_logprobs);
     }
     if (p->prefill_chunk < 0) {
         return error_set(err, DFL_ERR_INVALID, "seq_start: prefill_chunk %lld is negative (0: the whole prompt)",
@@ -509,7 +567,8 @@ static dfl_status prefill_next(dfl_engine *e, int32_t seq, dfl_error *err) {
     if (to < q->n_prompt) return DFL_OK;
     q->pending = first;
     q->state = DFL_SEQ_ACTIVE;
-    return commit_tokens(e, q, &first, 1, err);
+    const float *row = context_last_logits(e->tctx);
+    return commit_tokens(e, q, &first, 1, &row, err);
 }
 
 /* Drops positions >= p0 of seq from both caches. */
@@ -570,6 +629,15 @@ dfl_status dfl_engine_seq_start(dfl_engine *e, int32_t seq, const int32_t *promp
     q->n_stop_tok = p.n_stop_tokens;
     q->ignore_eos = p.ignore_eos;
     q->max_tokens = p.max_tokens;
+    q->want_lp = p.logprobs;
+    q->n_top = p.logprobs ? p.n_top_logprobs : 0;
+    free(q->out_lp); /* sized again for this run's n_top */
+    free(q->out_top_id);
+    free(q->out_top_lp);
+    q->out_lp = NULL;
+    q->out_top_id = NULL;
+    q->out_top_lp = NULL;
+    if (!out_reserve(q, q->cap_out)) goto nomem_after;
     /* prefix reuse: keep the longest common prefix (all but the last prompt token at most) */
     int64_t keep = 0;
     while (keep < q->n_hist && keep < n_prompt - 1 && q->hist[keep] == prompt[keep]) keep++;
@@ -585,6 +653,7 @@ dfl_status dfl_engine_seq_start(dfl_engine *e, int32_t seq, const int32_t *promp
     if (e->spec != NULL) {
         spec_seq_set_sampler(e->spec, seq, smp);
         spec_seq_set_max_draft(e->spec, seq, p.n_draft);
+        spec_seq_set_need_logits(e->spec, seq, p.logprobs);
     }
     memcpy(q->hist + keep, prompt + keep, (size_t)(n_prompt - keep) * sizeof(int32_t));
     q->n_prompt = n_prompt;
@@ -597,6 +666,9 @@ nomem:
     dfl_detok_free(dt);
     free(stop_tok);
     return error_set(err, DFL_ERR_NOMEM, "seq_start: out of memory");
+nomem_after:
+    q->state = DFL_SEQ_IDLE;
+    return error_set(err, DFL_ERR_NOMEM, "seq_start: out of memory for the logprobs");
 }
 
 int32_t dfl_engine_n_active(const dfl_engine *e) {
@@ -615,7 +687,9 @@ static dfl_status plain_step(dfl_engine *e, int32_t n, dfl_error *err) {
     }
     /* greedy sequences without penalties need only the argmax: ids come back, not logits */
     bool ids_only = true;
-    for (int32_t i = 0; i < n; i++) ids_only = ids_only && sampler_is_plain_greedy(e->seqs[e->act[i]].smp);
+    for (int32_t i = 0; i < n; i++) {
+        ids_only = ids_only && sampler_is_plain_greedy(e->seqs[e->act[i]].smp) && !e->seqs[e->act[i]].want_lp;
+    }
     context_set_argmax_only(e->tctx, ids_only);
     dfl_status st = dfl_decode(e->tctx, e->batch, err);
     context_set_argmax_only(e->tctx, false);
@@ -712,7 +786,11 @@ dfl_status dfl_engine_step(dfl_engine *e, const int32_t *seqs, int32_t n, dfl_er
             }
         }
         if (e->spec != NULL) e->stats.accept_hist[nt - 1]++;
-        st = commit_tokens(e, q, toks, nt, err);
+        const float *rows[DFL_MAX_DRAFT];
+        if (q->want_lp) {
+            for (int32_t j = 0; j < nt; j++) rows[j] = e->spec ? spec_step_logits(e->spec, i, j) : dfl_get_logits(e->tctx, i);
+        }
+        st = commit_tokens(e, q, toks, nt, q->want_lp ? rows : NULL, err);
         if (st != DFL_OK) return st;
     }
     e->stats.t_step_ms += now_ms() - t0;
@@ -767,6 +845,10 @@ dfl_status dfl_engine_seq_read(dfl_engine *e, int32_t seq, dfl_seq_output *out, 
     out->n_tokens = q->n_out;
     out->text = q->text.p;
     out->text_len = q->text.n;
+    out->logprobs = q->want_lp ? q->out_lp : NULL;
+    out->top_ids = q->want_lp ? q->out_top_id : NULL;
+    out->top_logprobs = q->want_lp ? q->out_top_lp : NULL;
+    out->n_top = q->want_lp ? q->n_top : 0;
     q->drained = true;
     return DFL_OK;
 }

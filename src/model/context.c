@@ -433,6 +433,11 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
 
 void context_set_argmax_only(dfl_context *ctx, bool on) { ctx->argmax_only = on; }
 
+const float *context_last_logits(const dfl_context *ctx) {
+    if (ctx->last_argmax || ctx->n_outputs < 1) return NULL;
+    return ctx->logits + (size_t)(ctx->n_outputs - 1) * (size_t)ctx->n_vocab;
+}
+
 int32_t context_get_argmax(const dfl_context *ctx, int64_t i) {
     if (!ctx->last_argmax || i < 0 || i >= ctx->n_batch_last || ctx->out_of[i] < 0) return -1;
     return ctx->argmax_ids[ctx->out_of[i]];

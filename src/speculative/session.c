@@ -28,6 +28,7 @@ struct spec_session {
     dfl_sampler **smp;      /* [n_seq] each sequence's sampler (default: sampler) */
     int32_t *kmax;          /* [n_seq] each sequence's longest draft (<= n_draft) */
     int32_t *lens;          /* [n_seq] draft length of each sequence of the current pass */
+    bool *need_logits;      /* [n_seq] the sequence wants full logits (logprobs) */
     int32_t *last;          /* [n_seq] committed token not yet in the target's cache, -1: idle */
     int32_t *draft;         /* [n_seq, n_draft] */
     int32_t *n_use;         /* [n_seq] drafts verified this step (<= n_draft; draft_p_min cut) */
@@ -73,6 +74,7 @@ void spec_free(spec_session *s) {
     free(s->smp);
     free(s->kmax);
     free(s->lens);
+    free(s->need_logits);
     free(s->last);
     free(s->draft);
     free(s->probs);
@@ -167,8 +169,9 @@ spec_session *spec_new(dfl_context *tgt, dfl_context *dft, const spec_params *pa
     s->smp = calloc((size_t)n_seq, sizeof(dfl_sampler *));
     s->kmax = calloc((size_t)n_seq, sizeof(int32_t));
     s->lens = calloc((size_t)n_seq, sizeof(int32_t));
+    s->need_logits = calloc((size_t)n_seq, sizeof(bool));
     if (s->sampler == NULL || s->last == NULL || s->draft == NULL || s->vidx == NULL || s->n_use == NULL || s->want == NULL ||
-        s->verify == NULL || s->inject == NULL || s->probs == NULL || s->pbatch == NULL || s->smp == NULL || s->kmax == NULL || s->lens == NULL ||
+        s->verify == NULL || s->inject == NULL || s->probs == NULL || s->pbatch == NULL || s->smp == NULL || s->kmax == NULL || s->lens == NULL || s->need_logits == NULL ||
         (p.draft_p_min > 0.0f && s->dlogits == NULL)) {
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the speculative session");
         spec_free(s);
@@ -213,6 +216,14 @@ void spec_seq_set_max_draft(spec_session *s, int32_t seq, int32_t n_draft) {
 }
 
 int32_t spec_step_room(const spec_session *s) { return s->n_draft + 1; }
+
+void spec_seq_set_need_logits(spec_session *s, int32_t seq, bool on) {
+    if (seq >= 0 && seq < s->n_seq) s->need_logits[seq] = on;
+}
+
+const float *spec_step_logits(const spec_session *s, int32_t i, int32_t j) {
+    return dfl_get_logits(s->tgt, s->vidx[i] + j);
+}
 
 void spec_seq_reset(spec_session *s, int32_t seq) {
     if (seq < 0 || seq >= s->n_seq) return;
@@ -431,7 +442,7 @@ dfl_status spec_step_ex(spec_session *s, int32_t n, const int32_t *seqs, int32_t
     /* greedy sequences without penalties need only the argmax of each verify row: the verify
      * batch then returns n ids instead of n x n_vocab logits, unless a sequence samples */
     bool ids_only = true;
-    for (int32_t i = 0; i < n; i++) ids_only = ids_only && sampler_is_plain_greedy(s->smp[seqs[i]]);
+    for (int32_t i = 0; i < n; i++) ids_only = ids_only && sampler_is_plain_greedy(s->smp[seqs[i]]) && !s->need_logits[seqs[i]];
     context_set_argmax_only(s->tgt, ids_only);
     st = dfl_decode(s->tgt, s->verify, err);
     context_set_argmax_only(s->tgt, false);

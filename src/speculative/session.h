@@ -97,6 +97,12 @@ dfl_status spec_prefill_range(spec_session *s, int32_t seq, const int32_t *promp
  * wanted). */
 dfl_status spec_step_ex(spec_session *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
                         int32_t *n_drafted, dfl_error *err);
+/* Sequence seq needs the target's logits at every verified slot (logprobs): its steps never
+ * use the argmax-only verification. */
+void spec_seq_set_need_logits(spec_session *s, int32_t seq, bool on);
+/* The target's logits [n_vocab] at slot j (0..n_tokens-1) of the i-th sequence of the last step:
+ * the distribution its j-th committed token was drawn from; NULL if the step returned ids only. */
+const float *spec_step_logits(const spec_session *s, int32_t i, int32_t j);
 /* Room a step of seq needs in the target's context (positions after the sequence's length). */
 int32_t spec_step_room(const spec_session *s);
 

@@ -735,6 +735,19 @@ static void light_rmsnorm_rope(test_ctx *t, backend *be, rng *r) {
     op = mkop(BACKEND_OP_ROPE_NEOX, d6, &x6, &tp);
     op.f[0] = 10000.0f;
     check_op(t, be, &op, &b, "rope large positions", false, 1e-4, 1e-4);
+    /* NORM pairing (i[1] = 1, arch llama: adjacent pairs (2i, 2i + 1)): every dim rotated, then
+     * n_rot 96 in place with strided positions (dims 96..127 copied) */
+    tp = tensor_1d(QUANT_TYPE_I32, pos, n_tok);
+    op = mkop(BACKEND_OP_ROPE_NEOX, d3, &x3, &tp);
+    op.f[0] = 500000.0f;
+    op.i[1] = 1;
+    check_op(t, be, &op, &b, "rope norm", false, 2e-5, 2e-5);
+    tp.nb[0] = 16;
+    op = mkop(BACKEND_OP_ROPE_NEOX, x3, &x3, &tp);
+    op.f[0] = 10000.0f;
+    op.i[0] = 96;
+    op.i[1] = 1;
+    check_op(t, be, &op, &b, "rope norm strided pos n_rot 96 in place", false, 2e-5, 2e-5);
     tv_arena_free(&b);
 }
 
@@ -1041,52 +1054,66 @@ static dfl_context *ctx_on(test_ctx *t, dfl_model *m, dfl_device dev, int64_t n_
     return c;
 }
 
+/* CUDA vs CPU logits on one generated model (extra make-test-model arguments `args`): a prompt of
+ * 100 in one 100-row ubatch (the cuBLAS path) and in 8-row ubatches (own kernels), then 5 decode
+ * steps; relative error <= tol. */
+static void forward_vs_cpu(test_ctx *t, const char *name, const char *dir, const char *args, double tol) {
+    char tpath[512];
+    if (!tu_make_models(t, dir, args, tpath, NULL, sizeof(tpath))) return;
+    dfl_error err = {0};
+    dfl_model *m = dfl_model_load(tpath, NULL, &err);
+    REQUIRE(m != NULL);
+    for (int ub = 0; ub < 2; ub++) {
+        const int64_t n_ub = ub == 0 ? 128 : 8;
+        dfl_context *cc = ctx_on(t, m, DFL_DEVICE_CPU, n_ub, 1), *gc = ctx_on(t, m, DFL_DEVICE_CUDA, n_ub, 1);
+        if (cc == NULL || gc == NULL) {
+            dfl_context_free(cc);
+            dfl_context_free(gc);
+            break;
+        }
+        const int64_t nv = dfl_n_vocab(cc), n_prompt = 100;
+        int32_t toks[100];
+        for (int i = 0; i < 100; i++) toks[i] = (i * 37 + 11) % 640;
+        float *a = malloc((size_t)(n_prompt * nv) * 4), *b = malloc((size_t)(n_prompt * nv) * 4);
+        REQUIRE(a && b);
+        CHECK(tu_decode(cc, 0, toks, n_prompt, a, &err) == DFL_OK);
+        CHECK(tu_decode(gc, 0, toks, n_prompt, b, &err) == DFL_OK);
+        double e1 = tu_rel_err(b, a, n_prompt * nv);
+        CHECK_MSG(e1 <= tol, "%s ubatch %lld: prompt logits rel err %.3g > %.3g", name, (long long)n_ub, e1, tol);
+        for (int k = 0; k < 5; k++) {
+            int32_t tok = (k * 101 + 7) % 640;
+            CHECK(tu_decode(cc, 0, &tok, 1, a, &err) == DFL_OK);
+            CHECK(tu_decode(gc, 0, &tok, 1, b, &err) == DFL_OK);
+            double e2 = tu_rel_err(b, a, nv);
+            CHECK_MSG(e2 <= tol, "%s: decode step %d logits rel err %.3g > %.3g", name, k, e2, tol);
+        }
+        printf("    %s ubatch %lld: prompt rel err %.2e\n", name, (long long)n_ub, e1);
+        free(a);
+        free(b);
+        dfl_context_free(gc);
+        dfl_context_free(cc);
+    }
+    dfl_model_free(m);
+}
+
 TEST(cuda_forward_logits_vs_cpu) {
     if (!have_gpu(t)) return;
     const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
     const double tol[] = {2e-4, 2e-3, 2e-2, 2e-2, 2e-2};
     for (int ti = 0; ti < 5; ti++) {
-        char args[512], tpath[512], dir[32];
+        char args[512], dir[32];
         snprintf(args, sizeof(args), TINY " --type %s --seed %d", types[ti], 3 + ti);
         snprintf(dir, sizeof(dir), "m_%s", types[ti]);
-        if (!tu_make_models(t, dir, args, tpath, NULL, sizeof(tpath))) return;
-        dfl_error err = {0};
-        dfl_model *m = dfl_model_load(tpath, NULL, &err);
-        REQUIRE(m != NULL);
-        /* prompt of 100 (one 100-row ubatch: the cuBLAS path; then 8-row ubatches: own kernels) */
-        for (int ub = 0; ub < 2; ub++) {
-            const int64_t n_ub = ub == 0 ? 128 : 8;
-            dfl_context *cc = ctx_on(t, m, DFL_DEVICE_CPU, n_ub, 1), *gc = ctx_on(t, m, DFL_DEVICE_CUDA, n_ub, 1);
-            if (cc == NULL || gc == NULL) {
-                dfl_context_free(cc);
-                dfl_context_free(gc);
-                break;
-            }
-            const int64_t nv = dfl_n_vocab(cc), n_prompt = 100;
-            int32_t toks[100];
-            for (int i = 0; i < 100; i++) toks[i] = (i * 37 + 11) % 640;
-            float *a = malloc((size_t)(n_prompt * nv) * 4), *b = malloc((size_t)(n_prompt * nv) * 4);
-            REQUIRE(a && b);
-            CHECK(tu_decode(cc, 0, toks, n_prompt, a, &err) == DFL_OK);
-            CHECK(tu_decode(gc, 0, toks, n_prompt, b, &err) == DFL_OK);
-            double e1 = tu_rel_err(b, a, n_prompt * nv);
-            CHECK_MSG(e1 <= tol[ti], "%s ubatch %lld: prompt logits rel err %.3g > %.3g", types[ti], (long long)n_ub, e1,
-                      tol[ti]);
-            for (int k = 0; k < 5; k++) {
-                int32_t tok = (k * 101 + 7) % 640;
-                CHECK(tu_decode(cc, 0, &tok, 1, a, &err) == DFL_OK);
-                CHECK(tu_decode(gc, 0, &tok, 1, b, &err) == DFL_OK);
-                double e2 = tu_rel_err(b, a, nv);
-                CHECK_MSG(e2 <= tol[ti], "%s: decode step %d logits rel err %.3g > %.3g", types[ti], k, e2, tol[ti]);
-            }
-            printf("    %s ubatch %lld: prompt rel err %.2e\n", types[ti], (long long)n_ub, e1);
-            free(a);
-            free(b);
-            dfl_context_free(gc);
-            dfl_context_free(cc);
-        }
-        dfl_model_free(m);
+        forward_vs_cpu(t, types[ti], dir, args, tol[ti]);
     }
+}
+
+/* Arch llama (no qk-norm, NORM rope pairing: adjacent pairs, op->i[1] = 1) on the GPU vs the CPU:
+ * a rope that paired (i, i + n_rot/2) instead would give wrong attention and fail the f32 bound. */
+TEST(cuda_forward_llama_vs_cpu) {
+    if (!have_gpu(t)) return;
+    forward_vs_cpu(t, "llama f32", "l_f32", TINY " --arch llama --type f32 --seed 13", 2e-4);
+    forward_vs_cpu(t, "llama q8_0", "l_q8_0", TINY " --arch llama --type q8_0 --untied --seed 14", 2e-2);
 }
 
 #define SPEC_GEN 32

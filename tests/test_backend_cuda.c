@@ -245,9 +245,11 @@ static bool close_f32(test_ctx *t, const char *what, const float *a, const float
     return true;
 }
 
-/* Runs op both ways and compares: exact (whole blob) or the contiguous f32 dst within tolerance. */
-static void check_op(test_ctx *t, backend *be, const backend_op *op, const tv_arena *b, const char *what, bool exact,
-                     double tol_abs, double tol_rel) {
+/* Runs op both ways and compares: exact (whole blob) or the contiguous f32 dst within tolerance,
+ * and then also a mean |y - y_ref| over dst of at most mean_max (a systematic difference, such as a
+ * rounding step the reference has and the kernel lacks, shows in the mean long before the max). */
+static void check_op_mean(test_ctx *t, backend *be, const backend_op *op, const tv_arena *b, const char *what, bool exact,
+                          double tol_abs, double tol_rel, double mean_max) {
     uint8_t *ref = run_ref(t, op, b, what);
     uint8_t *got = ref != NULL ? run_dev(t, be, op, b, what) : NULL;
     if (got != NULL) {
@@ -259,12 +261,25 @@ static void check_op(test_ctx *t, backend *be, const backend_op *op, const tv_ar
             }
         } else {
             const size_t off = (size_t)((const uint8_t *)op->dst.data - b->mem);
-            close_f32(t, what, (const float *)(got + off), (const float *)(ref + off), tensor_nelements(&op->dst), tol_abs,
-                      tol_rel);
+            const float *y = (const float *)(got + off), *yr = (const float *)(ref + off);
+            const int64_t n = tensor_nelements(&op->dst);
+            if (close_f32(t, what, y, yr, n, tol_abs, tol_rel) && n > 0) {
+                double mean = 0.0;
+                for (int64_t i = 0; i < n; i++) mean += fabs((double)y[i] - (double)yr[i]);
+                mean /= (double)n;
+                if (!(mean <= mean_max)) {
+                    test_fail(t, __FILE__, __LINE__, "%s: mean |y - y_ref| %.3g > %.3g", what, mean, mean_max);
+                }
+            }
         }
     }
     free(ref);
     free(got);
+}
+
+static void check_op(test_ctx *t, backend *be, const backend_op *op, const tv_arena *b, const char *what, bool exact,
+                     double tol_abs, double tol_rel) {
+    check_op_mean(t, be, op, b, what, exact, tol_abs, tol_rel, INFINITY);
 }
 
 static backend_op mkop(backend_op_kind kind, tensor dst, const tensor *s0, const tensor *s1) {
@@ -940,8 +955,13 @@ TEST(cuda_op_attention_vs_ref) {
                 snprintf(what, sizeof(what), "attention %s hd %lld nh %lld/%lld nq %lld n_kv %lld mask %d", f16 ? "f16" : "f32",
                          (long long)cases[c][0], (long long)cases[c][1], (long long)cases[c][2], (long long)cases[c][3],
                          (long long)cases[c][4], mk);
-                /* f16 V: the reference rounds the normalized probabilities to f16 (2^-11 of |v| <= 1) */
-                check_op(t, e.be, &L.op, &L.b, what, false, f16 ? 1e-3 : 3e-5, 2e-5);
+                /* f16 V: the reference rounds the normalized probabilities to f16; the kernel must
+                 * too. A probability whose rounding goes the other way (the f32 values differ by a
+                 * few ulps) moves an output by one f16 ulp of p times |v| (<= 2^-11 * p), which the
+                 * max bound allows. A host emulation of the kernel on these
+                 * cases: mean error <= 4e-7 with the rounding (also with p off by 4 f32 ulps), >= 2.9e-6
+                 * without it */
+                check_op_mean(t, e.be, &L.op, &L.b, what, false, f16 ? 1e-3 : 3e-5, 2e-5, f16 ? 1e-6 : INFINITY);
                 if (mk == 3) {
                     uint8_t *got = run_dev(t, e.be, &L.op, &L.b, what);
                     if (got != NULL) {

@@ -79,6 +79,7 @@ static void cuda_buffer_set(backend_buffer *buf, size_t offset, const void *src,
     if (size == 0) return;
     CUDA_CHECK(cudaMemcpyAsync((char *)buf->base + offset, src, size, cudaMemcpyHostToDevice, be->xfer));
     CUDA_CHECK(cudaStreamSynchronize(be->xfer));
+    cuda_host_gen_bump(be); /* the host changed device memory: no quantized activation survives */
 }
 
 static void cuda_buffer_get(const backend_buffer *buf, size_t offset, void *dst, size_t size) {
@@ -114,6 +115,7 @@ static void cuda_queue_synchronize(backend_queue *bq) {
     q->xq_valid = false; /* the host may change x (backend_buffer_set) after this */
     cuda_set_device(be);
     CUDA_CHECK(cudaStreamSynchronize(q->stream));
+    cuda_host_gen_bump(be);
     check_device_errors(be);
 }
 
@@ -162,7 +164,7 @@ static backend_queue *cuda_queue_new(backend *bbe, dfl_error *err) {
     return &q->base;
 }
 
-static void cuda_op_write(cuda_queue *q, const backend_op *op) {
+static void cuda_op_write(cuda_backend *be, cuda_queue *q, const backend_op *op) {
     const size_t size = op->size;
     if (size == 0) return;
     if (size > q->stage_cap / 2) {
@@ -172,6 +174,7 @@ static void cuda_op_write(cuda_queue *q, const backend_op *op) {
     }
     if (q->stage_head + size > q->stage_cap) {
         CUDA_CHECK(cudaStreamSynchronize(q->stream)); /* every earlier staged copy is done */
+        cuda_host_gen_bump(be);
         q->stage_head = 0;
     }
     char *slot = q->stage + q->stage_head;
@@ -188,7 +191,7 @@ static void cuda_queue_submit(backend_queue *bq, const backend_op *op) {
     switch (op->kind) {
     case BACKEND_OP_MATMUL: cuda_op_matmul(be, q, op); break;
     case BACKEND_OP_ATTENTION: cuda_op_attention(be, q, op); break;
-    case BACKEND_OP_WRITE: cuda_op_write(q, op); break;
+    case BACKEND_OP_WRITE: cuda_op_write(be, q, op); break;
     case BACKEND_OP_READ:
         if (op->size > 0) {
             CUDA_CHECK(cudaMemcpyAsync(op->host, op->src[0].data, op->size, cudaMemcpyDeviceToHost, q->stream));
@@ -247,6 +250,9 @@ static void cuda_event_synchronize(backend_event *bev) {
     cuda_backend *be = (cuda_backend *)bev->be;
     cuda_set_device(be);
     CUDA_CHECK(cudaEventSynchronize(ev->ev));
+    /* the host may now change what another queue's ops wrote or read (an x a queue quantized
+     * before the wait): every queue's quantized activations become stale */
+    cuda_host_gen_bump(be);
     check_device_errors(be);
 }
 
@@ -344,6 +350,12 @@ extern "C" int backend_cuda_device_count(dfl_error *err) {
 extern "C" const char *backend_cuda_device_name(const backend *bbe) {
     return ((const cuda_backend *)bbe)->desc;
 }
+
+#ifdef DFL_TEST_HOOKS
+extern "C" void backend_cuda_set_test_chunk_rows(backend *bbe, int64_t rows) {
+    ((cuda_backend *)bbe)->test_chunk_rows = rows > 0 ? rows : 0;
+}
+#endif
 
 extern "C" backend *backend_cuda_new(const backend_cuda_params *params, dfl_error *err) {
     backend_cuda_params p = params ? *params : backend_cuda_default_params();

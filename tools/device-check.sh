@@ -21,8 +21,12 @@
 #   6. writes the table to bench/results/<gpu>-<date>.md (and $OUT) and prints it.
 # Every step's time limit is cut to what is left of the overall deadline.
 # Usage: tools/device-check.sh [WORKDIR]   (default $DFLASH_CHECK_DIR or /tmp/dflash-devcheck;
-# needs ~30 GB of disk there). Logs go to $OUT when set (the device runner collects it), else
-# WORKDIR. Environment: DFLASH_CHECK_BUDGET (seconds for everything, default 465),
+# needs ~30 GB of disk there). Every step's log goes to WORKDIR/logs; when $OUT is set (the device
+# runner brings back at most 8 files from it) the logs are bundled there on exit, whatever the
+# exit: env.log, build.log, tests.log, gen.log, bench.log and the table. Building needs cc, make,
+# nvcc and the PCRE2 headers; without pcre2.h on the machine, a folder .devdeps/ (include/pcre2.h,
+# lib/libpcre2-8.so*) carried into the checkout is used. Environment: DFLASH_CHECK_BUDGET
+# (seconds for everything, default 465),
 # DFLASH_CHECK_BW (GB/s for the roofline, default 4800: H200), DFLASH_CHECK_ANYWAY=1 (go on
 # without a GPU, to check this script itself: builds and runs the tests, which then skip and
 # fail; no models, no benchmarks). Exit status 0 when the build, every CUDA test and both
@@ -30,8 +34,25 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 WORK=${1:-${DFLASH_CHECK_DIR:-/tmp/dflash-devcheck}}
-LOGS=${OUT:-$WORK}
+LOGS=$WORK/logs
+OUTDIR=${OUT:-}
 mkdir -p "$WORK" "$LOGS" || exit 1
+rm -f "$LOGS"/*.log "$LOGS"/results.txt
+MD=""
+# collect: bundles the logs into $OUT (at most 8 files come back from there), on every exit
+collect() {
+    [ -n "$OUTDIR" ] && [ -d "$OUTDIR" ] || return 0
+    cat "$LOGS/env.log" "$LOGS/nvidia-smi.log" "$LOGS/probe.log" > "$OUTDIR/env.log" 2>/dev/null
+    [ -f "$LOGS/build.log" ] && cp "$LOGS/build.log" "$OUTDIR/build.log"
+    for f in "$LOGS"/test-*.log; do [ -f "$f" ] && { echo "==== $(basename "$f")"; cat "$f"; }; done > "$OUTDIR/tests.log" 2>/dev/null
+    for f in "$LOGS"/gen-*.log; do [ -f "$f" ] && { echo "==== $(basename "$f")"; cat "$f"; }; done > "$OUTDIR/gen.log" 2>/dev/null
+    for f in "$LOGS"/bench-*.log "$LOGS"/dflash-bench-*.log "$LOGS/results.txt"; do
+        [ -f "$f" ] && { echo "==== $(basename "$f")"; cat "$f"; }
+    done > "$OUTDIR/bench.log" 2>/dev/null
+    [ -n "$MD" ] && [ -f "$MD" ] && cp "$MD" "$OUTDIR/"
+    return 0
+}
+trap collect EXIT
 JOBS=$(nproc 2>/dev/null || echo 8)
 BUDGET=${DFLASH_CHECK_BUDGET:-465}
 BW=${DFLASH_CHECK_BW:-4800}
@@ -51,6 +72,7 @@ status=0
 fail() { status=1; stamp "FAILED: $*"; }
 
 # ---- 0. versions --------------------------------------------------------------------------------
+{ date -u; uname -a; nvidia-smi; command -v nvcc && nvcc --version; /usr/local/cuda/bin/nvcc --version; } > "$LOGS/env.log" 2>&1
 stamp "host: $(uname -m), $JOBS cpus, $(free -g 2>/dev/null | awk '/Mem:/{print $2" GiB RAM"}'), disk $(df -h "$WORK" | awk 'NR==2{print $4" free"}') in $WORK; deadline in ${BUDGET}s"
 NVCC=$(command -v nvcc 2>/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
 TK_VER=""
@@ -92,8 +114,20 @@ if [ -z "$NVCC" ]; then
     fi
     : > "$LOGS/build.log"
 else
+    # the PCRE2 headers (the tokenizer's pre-tokenizer regexes): the machine's, or a carried .devdeps/
+    set --
+    if ! printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' | cc -E -x c - > /dev/null 2>&1; then
+        if [ -f .devdeps/include/pcre2.h ] && ls .devdeps/lib/libpcre2-8.so* > /dev/null 2>&1; then
+            echo "  pcre2.h not installed: using the carried .devdeps/"
+            [ -e .devdeps/lib/libpcre2-8.so ] || ln -s "$(basename "$(ls .devdeps/lib/libpcre2-8.so.* | head -1)")" .devdeps/lib/libpcre2-8.so
+            set -- EXTRA_CFLAGS="-I$PWD/.devdeps/include" LDFLAGS="-L$PWD/.devdeps/lib -Wl,-rpath,$PWD/.devdeps/lib"
+        else
+            fail "the PCRE2 headers are missing (pcre2.h; Debian/Ubuntu: libpcre2-dev), and no .devdeps/ was carried (include/pcre2.h, lib/libpcre2-8.so*)"
+            exit 1
+        fi
+    fi
     stamp "build (make CUDA=1 -j$JOBS, at most $(limit 240 60)s)"
-    if ! timeout -k 5 "$(limit 240 60)" make CUDA=1 -j"$JOBS" all build/dflash-tests bench-cuda > "$LOGS/build.log" 2>&1; then
+    if ! timeout -k 5 "$(limit 240 60)" make CUDA=1 -j"$JOBS" "$@" all build/dflash-tests bench-cuda > "$LOGS/build.log" 2>&1; then
         tail -40 "$LOGS/build.log"
         fail "build (log: $LOGS/build.log)"
         exit 1
@@ -163,7 +197,6 @@ TESTS=$(./build/dflash-tests --list | grep '^cuda_')
 N_TESTS=$(echo "$TESTS" | grep -c .)
 stamp "$N_TESTS CUDA tests, each in its own process"
 n_ok=0; n_bad=0
-: > "$LOGS/tests.log"
 for name in $TESTS; do
     if [ "$(left)" -lt 40 ]; then
         n_bad=$((n_bad + 1))
@@ -173,7 +206,6 @@ for name in $TESTS; do
     lim=$(limit 150 30)
     DFLASH_CLI=build/dflash timeout -k 5 "$lim" ./build/dflash-tests "$name" > "$LOGS/test-$name.log" 2>&1
     rc=$?
-    cat "$LOGS/test-$name.log" >> "$LOGS/tests.log"
     line=$(grep -E "^(ok|FAIL|skip) +$name " "$LOGS/test-$name.log" | head -1)
     case "$line" in
     ok*)
@@ -291,11 +323,9 @@ COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     }' "$LOGS/results.txt"
     [ -s "$LOGS/results.txt" ] || echo "(no benchmark ran: no figures)"
 } > "$MD"
-COPY=""
-if [ $HAVE_DEV = 1 ] && [ "$LOGS" != "$WORK" ]; then cp "$MD" "$LOGS/" && COPY=" and $LOGS/$(basename "$MD")"; fi
 echo
 cat "$MD"
 echo
-echo "(table written to $MD$COPY)"
-[ $status -eq 0 ] && echo "device check: OK ($(( $(date +%s) - T0 )) s)" || echo "device check: FAILED ($(( $(date +%s) - T0 )) s; logs in $LOGS)"
+echo "(table written to $MD$([ -n "$OUTDIR" ] && echo " and \$OUT/$(basename "$MD")"); logs in $LOGS)"
+[ $status -eq 0 ] && echo "device check: OK ($(( $(date +%s) - T0 )) s)" || echo "device check: FAILED ($(( $(date +%s) - T0 )) s)"
 exit $status

@@ -335,12 +335,24 @@ extern "C" backend_cuda_params backend_cuda_default_params(void) {
     return p;
 }
 
+/* "driver supports CUDA 13.0, runtime 13.0" ("no driver" when none is installed) */
+static void cuda_versions(char *buf, size_t cap) {
+    int drv = 0, rt = 0;
+    if (cudaDriverGetVersion(&drv) != cudaSuccess) drv = 0;
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess) rt = 0;
+    cudaGetLastError();
+    if (drv == 0) snprintf(buf, cap, "no CUDA driver, runtime %d.%d", rt / 1000, rt % 1000 / 10);
+    else snprintf(buf, cap, "driver supports CUDA %d.%d, runtime %d.%d", drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+}
+
 extern "C" int backend_cuda_device_count(dfl_error *err) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        error_set(err, DFL_ERR_UNSUPPORTED, "no usable CUDA device: %s", cudaGetErrorString(e));
+        char ver[96];
+        cuda_versions(ver, sizeof(ver));
+        error_set(err, DFL_ERR_UNSUPPORTED, "no usable CUDA device: %s (%s)", cudaGetErrorString(e), ver);
         return 0;
     }
     if (n == 0) error_set(err, DFL_ERR_UNSUPPORTED, "no CUDA device found");
@@ -389,8 +401,10 @@ extern "C" backend *backend_cuda_new(const backend_cuda_params *params, dfl_erro
     be->cc_minor = prop.minor;
     be->smem_optin = prop.sharedMemPerBlockOptin;
     be->mem_total = prop.totalGlobalMem;
-    snprintf(be->desc, sizeof(be->desc), "%.256s, cc %d.%d, %d SMs, %.1f GiB", prop.name, prop.major, prop.minor,
-             prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    char ver[96];
+    cuda_versions(ver, sizeof(ver));
+    snprintf(be->desc, sizeof(be->desc), "%.256s, cc %d.%d, %d SMs, %.1f GiB, %s", prop.name, prop.major, prop.minor,
+             prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), ver);
     e = cudaSetDevice(p.device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&be->xfer, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaHostAlloc((void **)&be->err_host, sizeof(unsigned int), cudaHostAllocMapped);

@@ -250,9 +250,9 @@ if [ $HAVE_DEV = 1 ]; then
         wrc=$?
         if [ $wrc -eq 1 ]; then
             gen_stop $MODELS
-            fail "the $ty models were not written in time: benchmark $ty skipped"
-            BENCH_NOTE="$BENCH_NOTE $ty: models not written in time;"
-            continue
+            fail "the $ty models were not written in time ($(left)s left): no benchmark from here on"
+            BENCH_NOTE="$BENCH_NOTE from $ty on: models not written in time;"
+            break
         elif [ $wrc -eq 2 ]; then
             fail "model generation ($ty): $(tail -3 "$LOGS"/gen-*-"$ty".log)"
             BENCH_NOTE="$BENCH_NOTE $ty: model generation failed;"

@@ -114,6 +114,9 @@ if [ -z "$NVCC" ]; then
     fi
     : > "$LOGS/build.log"
 else
+    for tool in make cc; do
+        command -v "$tool" > /dev/null 2>&1 || { fail "$tool not found: building needs make and a C compiler"; exit 1; }
+    done
     # the PCRE2 headers (the tokenizer's pre-tokenizer regexes): the machine's, or a carried .devdeps/
     set --
     if ! printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' | cc -E -x c - > /dev/null 2>&1; then

@@ -197,8 +197,8 @@ DFL_API const char *dfl_arch_name(dfl_arch arch);
 
 /* A batch: a table of entries, one row per token slot (like llama.cpp's llama_batch).
  * Each entry carries a token id, an embedding, or both ("mixed"), optionally a state embedding,
- * OR an embd row (its input is row `embd_row` of the other context's feature buffer, SPEC
- * section 4). All memory is allocated by dfl_batch_init for n_tokens_max entries; adding never
+ * OR an embd row (its input is row `embd_row` of the other context's feature buffer, docs/
+ * feature-protocol.md). All memory is allocated by dfl_batch_init for n_tokens_max entries; adding never
  * allocates. The arrays are public and may be filled directly; a context validates the whole
  * batch before it changes anything (an invalid batch is rejected with a message naming the
  * entry, and nothing is half-applied). */

@@ -413,6 +413,9 @@ typedef struct dfl_engine_params {
     dfl_feature_path features;/* default DFL_FEATURES_DEVICE (falls back to host copies) */
     dfl_feature_wait wait;
     size_t feature_buffer_max;/* bytes; above it features go through host memory; 0: no cap */
+    /* optional: an engine whose backend (thread pool or device queue owner) this one shares; it
+     * must outlive this engine */
+    const dfl_engine *share_backend;
     /* optional: replaces a sequence's drafts (tests, other drafting strategies; lossless) */
     void (*draft_hook)(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
     void *draft_hook_user;

@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cmds.h"
 #include "test_vocab.h"
+#include "cli_common.h"
 #include "gguf/gguf.h"
 #include "quant/quant.h"
 
@@ -507,11 +508,11 @@ int cmd_make_test_model(int argc, char **argv) {
             return 1;
         }
         if (o.target_path == NULL) {
-            snprintf(target_buf, sizeof(target_buf), "%s/target.gguf", o.out_dir);
+            if (!cli_path_join(target_buf, sizeof(target_buf), o.out_dir, "target.gguf", "make-test-model")) return 1;
             o.target_path = target_buf;
         }
         if (o.drafter_path == NULL) {
-            snprintf(drafter_buf, sizeof(drafter_buf), "%s/drafter.gguf", o.out_dir);
+            if (!cli_path_join(drafter_buf, sizeof(drafter_buf), o.out_dir, "drafter.gguf", "make-test-model")) return 1;
             o.drafter_path = drafter_buf;
         }
     }

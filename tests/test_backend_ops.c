@@ -1017,3 +1017,65 @@ TEST(backend_softmax_kernels) {
         }
     }
 }
+
+/* A NaN or +Inf score is never hidden (a broken weight must reach the logits, where decoding
+ * reports it): the softmax row is NaN for the reference and every kernel level, and so is the
+ * attention output of that head; an all -Inf row still gives zeros. */
+TEST(backend_nonfinite_scores_propagate) {
+    rng r = {41};
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        cpu_kernels k;
+        cpu_kernels_select(&k, cpu_features_detect() & ~level_disable(level));
+        const int64_t sizes[4] = {1, 7, 17, 300};
+        for (int si = 0; si < 4; si++) {
+            const int64_t n = sizes[si];
+            for (int bad = 0; bad < 2; bad++) {
+                float s[300], p[300];
+                for (int64_t i = 0; i < n; i++) s[i] = rng_f(&r) * 10.0f;
+                s[n / 2] = bad ? INFINITY : NAN;
+                for (int impl = 0; impl < 2; impl++) {
+                    if (impl == 0) cpu_softmax_row_ref(p, s, n);
+                    else k.softmax_row(p, s, n);
+                    for (int64_t i = 0; i < n; i++) {
+                        CHECK_MSG(isnan(p[i]), "%s %s n %lld %s: p[%lld] = %g", impl ? "kernel" : "ref", k_level_names[level],
+                                  (long long)n, bad ? "inf" : "nan", (long long)i, p[i]);
+                    }
+                }
+            }
+        }
+    }
+    for (int f16 = 0; f16 < 2; f16++) {
+        const int64_t hd = 64, nh = 4, nh_kv = 2, nq = 17, n_kv = 200;
+        const size_t esz = f16 ? 2 : 4;
+        float *q = calloc((size_t)(hd * nh * nq), sizeof(float)), *mask = calloc((size_t)(n_kv * nq), sizeof(float));
+        float *out = malloc((size_t)(hd * nh * nq) * sizeof(float));
+        uint8_t *kc = calloc((size_t)(hd * nh_kv * n_kv), esz), *vc = calloc((size_t)(hd * nh_kv * n_kv), esz);
+        REQUIRE(q && mask && out && kc && vc);
+        fill_f32(&r, q, hd * nh * nq, 1.0f);
+        q[5] = NAN; /* head 0 of query 0 */
+        backend_op op;
+        memset(&op, 0, sizeof(op));
+        op.kind = BACKEND_OP_ATTENTION;
+        op.src[0] = tensor_3d(QUANT_TYPE_F32, q, hd, nh, nq);
+        op.src[1] = tensor_3d(f16 ? QUANT_TYPE_F16 : QUANT_TYPE_F32, kc, hd, nh_kv, n_kv);
+        op.src[2] = tensor_3d(f16 ? QUANT_TYPE_F16 : QUANT_TYPE_F32, vc, hd, nh_kv, n_kv);
+        op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, n_kv, nq);
+        op.dst = tensor_3d(QUANT_TYPE_F32, out, hd, nh, nq);
+        for (int path = 0; path < 4; path++) {
+            memset(out, 0, (size_t)(hd * nh * nq) * sizeof(float));
+            if (path == 0) {
+                cpu_op_attention_ref(&op);
+            } else {
+                if (!level_available(path - 1)) continue;
+                backend *be = make_backend(1, path - 1, false);
+                REQUIRE(be);
+                run_op(be, &op);
+                backend_free(be);
+            }
+            for (int64_t i = 0; i < hd; i++) CHECK_MSG(isnan(out[i]), "f16 %d path %d: out[%lld] = %g", f16, path, (long long)i, out[i]);
+            for (int64_t i = hd; i < hd * nh * nq; i++) CHECK(!isnan(out[i]));
+        }
+        free(q); free(mask); free(out); free(kc); free(vc);
+    }
+}

@@ -784,10 +784,24 @@ T512 INL __m512 exp_neg512(__m512 x) {
 
 T512 static void softmax_row_512(float *p, const float *s, int64_t n) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
+    const __m512 inf = _mm512_set1_ps(INFINITY);
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + i));
+    __mmask16 nf = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(s + i);
+        mx = _mm512_max_ps(mx, x);
+        nf |= _mm512_cmp_ps_mask(x, inf, _CMP_NLT_UQ); /* NaN or +Inf */
+    }
     float max = _mm512_reduce_max_ps(mx);
-    for (; i < n; i++) max = s[i] > max ? s[i] : max;
+    int bad = nf != 0;
+    for (; i < n; i++) {
+        max = s[i] > max ? s[i] : max;
+        bad |= !(s[i] < INFINITY);
+    }
+    if (bad) { /* a NaN or +Inf score: the row is NaN (never hidden) */
+        for (i = 0; i < n; i++) p[i] = NAN;
+        return;
+    }
     if (max == -INFINITY) {
         memset(p, 0, (size_t)n * sizeof(float));
         return;

@@ -59,13 +59,28 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_partial(cuda_tensor q, cud
         if (lane == 0) sc[t] = s;
     }
     __syncthreads();
-    float m = -INFINITY;
-    for (int t = threadIdx.x; t < n; t += blockDim.x) m = fmaxf(m, sc[t]);
+    float m = -INFINITY, bad = 0.0f;
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        m = fmaxf(m, sc[t]);
+        if (!(sc[t] < INFINITY)) bad = 1.0f; /* NaN or +Inf */
+    }
     m = cu_block_max(m, red);
+    bad = cu_block_max(bad, red);
     /* one split: the final values directly (the bits k_attn_combine would give: e^0 = 1) */
     const bool direct = n_split == 1;
     float *out = direct ? NULL : part + (((int64_t)iq * n_head + h) * n_split + split) * (2 + hd_v);
     float *dr = direct ? (float *)(dst.data + h * dst.nb[1] + iq * dst.nb[2]) : NULL;
+    if (bad > 0.0f) { /* a NaN or +Inf score: the output is NaN (as the CPU reference; never hidden) */
+        for (int64_t d = threadIdx.x; d < hd_v; d += blockDim.x) {
+            if (direct) dr[d] = NAN;
+            else out[2 + d] = NAN;
+        }
+        if (threadIdx.x == 0 && !direct) {
+            out[0] = NAN;
+            out[1] = NAN;
+        }
+        return;
+    }
     if (m == -INFINITY) {
         for (int64_t d = threadIdx.x; d < hd_v; d += blockDim.x) {
             if (direct) dr[d] = 0.0f;
@@ -109,7 +124,15 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(cuda_tensor dst, c
     const float *base = part + ((int64_t)iq * n_head + h) * n_split * (2 + hd_v);
     float *dr = (float *)(dst.data + h * dst.nb[1] + iq * dst.nb[2]);
     float M = -INFINITY;
-    for (int s = 0; s < n_split; s++) M = fmaxf(M, base[s * (2 + hd_v)]);
+    bool bad = false;
+    for (int s = 0; s < n_split; s++) {
+        M = fmaxf(M, base[s * (2 + hd_v)]);
+        bad |= isnan(base[s * (2 + hd_v)]); /* a split saw a NaN or +Inf score */
+    }
+    if (bad) {
+        for (int64_t d = threadIdx.x; d < hd_v; d += blockDim.x) dr[d] = NAN;
+        return;
+    }
     if (M == -INFINITY) {
         for (int64_t d = threadIdx.x; d < hd_v; d += blockDim.x) dr[d] = 0.0f;
         return;

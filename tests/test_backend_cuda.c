@@ -1240,9 +1240,9 @@ TEST(cuda_op_nonfinite_scores_propagate) {
     cu_env e;
     if (!env_open(t, &e, true)) return;
     rng r = {21};
-    blob b;
-    blob_init(&b, 1 << 16);
-    float *s = blob_take(&b, 300 * 3 * 4);
+    tv_arena b;
+    tv_arena_init(&b, 1 << 16);
+    float *s = tv_arena_take(&b, 300 * 3 * 4);
     fill_f32(&r, s, 900, 5.0f);
     s[17] = NAN;
     s[300 + 299] = INFINITY;
@@ -1256,7 +1256,7 @@ TEST(cuda_op_nonfinite_scores_propagate) {
         for (int i = 600; i < 900; i++) CHECK(o[i] == 0.0f);
     }
     free(got);
-    free(b.mem);
+    tv_arena_free(&b);
     static const int64_t cases[][5] = {{64, 4, 2, 3, 37}, {64, 4, 2, 1, 600}};
     for (size_t c = 0; c < 2; c++) {
         for (int f16 = 0; f16 < 2; f16++) {
@@ -1273,7 +1273,7 @@ TEST(cuda_op_nonfinite_scores_propagate) {
                 CHECK(!isnan(o[hd])); /* head 1 is untouched */
             }
             free(got);
-            free(L.b.mem);
+            tv_arena_free(&L.b);
         }
     }
     env_close(t, &e);

@@ -468,6 +468,8 @@ TEST(hardening_option_needs_value) {
                      "--draft-min --draft-p-min --features --feature-wait --feature-buffer-max --device -np"},
         {"bench", "-r --pp --tg --verify --spec-n -m -md -p -n -c -b -t --temp --seed --draft-max --features --device"},
         {"tokenize", "-m -p -f --reps"},
+        {"make-test-model", "-o --target --drafter --arch --n-embd --n-layer --n-head --n-head-kv --head-dim --n-ff --n-vocab "
+                            "--n-ctx-train --draft-layers --block-size --target-layers --type --seed --std"},
     };
     for (size_t c = 0; c < sizeof(table) / sizeof(table[0]); c++) {
         char list[1024];

@@ -434,7 +434,14 @@ int cmd_make_test_model(int argc, char **argv) {
             o.tied = false;
             takes = false;
         } else if (val == NULL) {
-            fprintf(stderr, "make-test-model: %s needs a value (or is unknown; see --help)\n", a);
+            static const char *const k_valued[] = {"-o", "--target", "--drafter", "--arch", "--n-embd", "--n-layer",
+                                                   "--n-head", "--n-head-kv", "--head-dim", "--n-ff", "--n-vocab",
+                                                   "--n-ctx-train", "--draft-layers", "--block-size", "--target-layers",
+                                                   "--type", "--seed", "--std"};
+            bool known = false;
+            for (size_t k = 0; k < sizeof(k_valued) / sizeof(k_valued[0]); k++) known |= strcmp(a, k_valued[k]) == 0;
+            if (known) fprintf(stderr, "make-test-model: option %s needs a value\n", a);
+            else fprintf(stderr, "make-test-model: unknown option '%s' (see --help)\n", a);
             return 2;
         } else if (strcmp(a, "-o") == 0) {
             o.out_dir = val;

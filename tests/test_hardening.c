@@ -196,15 +196,18 @@ TEST(hardening_bench_llama_argv_any_folder) {
     CHECK_MSG(access(pwned, F_OK) != 0, "the model path was run by a shell: %s", out);
     CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
     CHECK_STR_CONTAINS(out, "| llama.cpp tg |");
-    /* a file llama.cpp cannot load: the comparison fails, and so does the run */
-    char bad[512];
-    test_path(t, "bad.gguf", bad, sizeof(bad));
-    gguf_edit e = {0};
-    e.drop_key = "tokenizer.ggml.merges";
-    REQUIRE(gguf_copy_edit(tgt, bad, &e));
-    snprintf(args, sizeof(args), "bench -m %s -r 1 --pp 8 --tg 4 -t 1 -tb 1 --llama", bad);
-    rc = run_cli(NULL, args, out, sizeof(out));
+    /* the comparison fails (a node that exits 3): the run fails, with node's output */
+    char bin[512], fake[2048];
+    test_path(t, "bin", bin, sizeof(bin));
+    snprintf(fake, sizeof(fake), "mkdir -p %s && printf '#!/bin/sh\\necho peer-broke\\nexit 3\\n' > %s/node && chmod +x %s/node",
+             bin, bin, bin);
+    REQUIRE(test_run(fake, out, sizeof(out)) == 0);
+    snprintf(fake, sizeof(fake), "PATH=%s:/usr/bin:/bin", bin);
+    snprintf(args, sizeof(args), "bench -m %s -r 1 --pp 8 --tg 4 -t 1 -tb 1 --llama", tgt);
+    rc = run_cli_env(NULL, fake, args, out, sizeof(out));
     CHECK_MSG(rc == 1, "rc %d: %s", rc, out);
+    CHECK_STR_CONTAINS(out, "exit 3");
+    CHECK_STR_CONTAINS(out, "peer-broke");
 }
 
 /* ---- row 6: output that cannot be written ---------------------------------------------------- */

@@ -351,6 +351,10 @@ int cmd_bench(int argc, char **argv) {
             return usage(stderr);
         }
     }
+    if (b.o.prompt_file != NULL) {
+        fprintf(stderr, "dflash bench: -f is not supported by bench (its prompt is -p TEXT)\n");
+        return 2;
+    }
     b.o.n_ctx = b.n_pp + b.n_tg + b.n_spec + 256;
     const int open_rc = cli_session_open(&b.s, &b.o, true, "bench");
     if (open_rc != 0) {

@@ -6,7 +6,6 @@
 #include "gguf/gguf.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <spawn.h>
 #include <stdlib.h>

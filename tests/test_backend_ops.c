@@ -209,10 +209,12 @@ static const mm_case k_cases_32[] = {
     {1088, 1000, 1}, {96, 33, 33}, {2048, 64, 4}, {160, 129, 16},
     /* n_in not a multiple of 32 (f32 / f16 / bf16 only): the SIMD tail loops of every level */
     {33, 5, 3}, {47, 17, 7}, {72, 129, 16}, {33, 64, 17}, {47, 1, 1}, {1, 9, 2}, {15, 33, 6},
+    /* rows over several row blocks of the matmul driver (32 rows of f32, 96 of int8 at n_in 4096) */
+    {4096, 40, 100},
 };
 static const mm_case k_cases_256[] = {
     {256, 1, 1}, {256, 3, 2}, {512, 7, 3}, {768, 17, 7}, {1024, 127, 16}, {1280, 129, 17},
-    {512, 1000, 1}, {256, 33, 33}, {2048, 64, 4},
+    {512, 1000, 1}, {256, 33, 33}, {2048, 64, 4}, {4096, 40, 130},
 };
 
 /* Runs op_matmul on be; dst [n_out, n_rows] */
@@ -1005,7 +1007,9 @@ TEST(backend_op_validation_messages) {
  * speculative verify batch must reproduce single-token decoding bit for bit). */
 TEST(backend_matmul_batch_invariant) {
     rng r = {2024};
-    enum { N_IN = 1024, N_OUT = 67, N_ROWS = 21 };
+    /* n_in 4096: a row block of the matmul driver is 32 (f32 activations) or 96 (int8) rows, so
+     * 140 rows cross several row blocks */
+    enum { N_IN = 4096, N_OUT = 67, N_ROWS = 140 };
     static float x[N_IN * N_ROWS], y_all[N_OUT * N_ROWS], y_one[N_OUT];
     fill_f32(&r, x, N_IN * N_ROWS, 2.0f);
     for (int level = 0; level < 3; level++) {
@@ -1017,8 +1021,8 @@ TEST(backend_matmul_batch_invariant) {
             void *w = make_weight(&r, type, N_IN, N_OUT);
             REQUIRE(w);
             mm_run(be, type, w, N_IN, N_OUT, x, N_ROWS, y_all);
-            const int rows_to_check[4] = {0, 5, 16, 20};
-            for (int i = 0; i < 4; i++) {
+            const int rows_to_check[9] = {0, 5, 16, 31, 32, 95, 96, 100, 139};
+            for (int i = 0; i < 9; i++) {
                 const int row = rows_to_check[i];
                 mm_run(be, type, w, N_IN, N_OUT, x + row * N_IN, 1, y_one);
                 CHECK_MSG(memcmp(y_one, y_all + row * N_OUT, sizeof(y_one)) == 0,

@@ -610,6 +610,59 @@ TEST(backend_op_attention) {
     }
 }
 
+/* A query row's attention output is bit-identical whether the row comes alone (decode) or inside a
+ * batch (verify, prefill), with causal and two-sequence masks: the kernel works on a prefix of the
+ * keys that depends on the batch (the last key any row of a tile sees), which must not change a
+ * single bit. */
+TEST(backend_attention_row_invariance) {
+    rng r = {16};
+    enum { HD = 64, NH = 8, NH_KV = 2, NQ = 21, PAST = 49, NKV = PAST + NQ };
+    static uint16_t kc[HD * NH_KV * NKV], vc[HD * NH_KV * NKV];
+    static float q[HD * NH * NQ], mask[NKV * NQ], out[HD * NH * NQ], one[HD * NH];
+    /* large scores: the exponentials span far more than 2^53, so the f64 sums of the softmax are
+     * inexact and their order matters */
+    fill_f32(&r, q, HD * NH * NQ, 8.0f);
+    for (int i = 0; i < HD * NH_KV * NKV; i++) {
+        kc[i] = fp32_to_fp16(rng_f(&r) * 2.0f);
+        vc[i] = fp32_to_fp16(rng_f(&r));
+    }
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        for (int mk = 0; mk < 2; mk++) {
+            for (int iq = 0; iq < NQ; iq++) {
+                for (int j = 0; j < NKV; j++) {
+                    bool vis = j <= PAST + iq;                                  /* causal */
+                    if (mk == 1) vis = vis && (j < PAST ? j % 3 != 0 : (j - PAST) % 2 == iq % 2); /* 2 seqs */
+                    mask[iq * NKV + j] = vis ? 0.0f : -INFINITY;
+                }
+            }
+            for (int nt = 1; nt <= 2; nt++) {
+                backend *be = make_backend(nt, level, false);
+                REQUIRE(be);
+                backend_op op;
+                memset(&op, 0, sizeof(op));
+                op.kind = BACKEND_OP_ATTENTION;
+                op.src[0] = tensor_3d(QUANT_TYPE_F32, q, HD, NH, NQ);
+                op.src[1] = tensor_3d(QUANT_TYPE_F16, kc, HD, NH_KV, NKV);
+                op.src[2] = tensor_3d(QUANT_TYPE_F16, vc, HD, NH_KV, NKV);
+                op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, NKV, NQ);
+                op.dst = tensor_3d(QUANT_TYPE_F32, out, HD, NH, NQ);
+                run_op(be, &op);
+                for (int iq = 0; iq < NQ; iq++) {
+                    op.src[0] = tensor_3d(QUANT_TYPE_F32, q + iq * HD * NH, HD, NH, 1);
+                    op.src[3] = tensor_2d(QUANT_TYPE_F32, mask + iq * NKV, NKV, 1);
+                    op.dst = tensor_3d(QUANT_TYPE_F32, one, HD, NH, 1);
+                    run_op(be, &op);
+                    CHECK_MSG(memcmp(one, out + iq * HD * NH, sizeof(one)) == 0,
+                              "attention %s mask %d threads %d: row %d alone differs from the batch",
+                              k_level_names[level], mk, nt, iq);
+                }
+                backend_free(be);
+            }
+        }
+    }
+}
+
 /* The f16 attention helpers (dot_f16, axpy_f16) of every level against the scalar ones on lengths
  * around every SIMD width: a tail bug moves a result by O(1). */
 TEST(backend_f16_dot_axpy_kernels) {

@@ -375,11 +375,21 @@ T512 INL void q80_block4(const void *w, size_t w_nb1, const int Q4, const cpu_ac
                 }
             }
         }
+        /* the 16 sums in one reduction tree (lane r * 4 + i; the same bits as hsum16_one), then a
+         * row's 4 outputs in one store */
+        __m512 flat[16];
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            if (i >= no) break;
+        for (int r = 0; r < 4; r++)
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) dst[(rt + r) * ds + o + i] = hsum16_one(acc[i][r]);
+            for (int i = 0; i < 4; i++) flat[r * 4 + i] = acc[i][r];
+        float tmp[16] __attribute__((aligned(64)));
+        _mm512_store_ps(tmp, hsum16_tree(flat, 16));
+        if (no == 4) {
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) _mm_storeu_ps(dst + (rt + r) * ds + o, _mm_load_ps(tmp + 4 * r));
+        } else {
+            for (int r = 0; r < 4; r++)
+                for (int i = 0; i < no; i++) dst[(rt + r) * ds + o + i] = tmp[r * 4 + i];
         }
     }
     /* the last nr % 4 rows, one weight row at a time */

@@ -1399,3 +1399,48 @@ TEST(cuda_spec_host_and_device_features_identical) {
         CHECK_MSG(memcmp(a, b, sizeof(a)) == 0, "mode %d: host and device feature paths give different tokens", mode);
     }
 }
+
+/* A NaN or +Inf score is never hidden: the softmax row and the attention output are NaN, as the
+ * CPU reference (one split and several, f32 and f16 caches); an all -Inf row still gives zeros. */
+TEST(cuda_op_nonfinite_scores_propagate) {
+    cu_env e;
+    if (!env_open(t, &e, true)) return;
+    rng r = {21};
+    tv_arena b;
+    tv_arena_init(&b, 1 << 16);
+    float *s = tv_arena_take(&b, 300 * 3 * 4);
+    fill_f32(&r, s, 900, 5.0f);
+    s[17] = NAN;
+    s[300 + 299] = INFINITY;
+    for (int i = 0; i < 300; i++) s[600 + i] = -INFINITY;
+    tensor ts = tensor_2d(QUANT_TYPE_F32, s, 300, 3);
+    backend_op op = mkop(BACKEND_OP_SOFTMAX, ts, &ts, NULL);
+    uint8_t *got = run_dev(t, e.be, &op, &b, "softmax non-finite");
+    if (got != NULL) {
+        const float *o = (const float *)(got + ((uint8_t *)s - b.mem));
+        for (int i = 0; i < 600; i++) CHECK_MSG(isnan(o[i]), "softmax row %d col %d = %g", i / 300, i % 300, o[i]);
+        for (int i = 600; i < 900; i++) CHECK(o[i] == 0.0f);
+    }
+    free(got);
+    tv_arena_free(&b);
+    static const int64_t cases[][5] = {{64, 4, 2, 3, 37}, {64, 4, 2, 1, 600}};
+    for (size_t c = 0; c < 2; c++) {
+        for (int f16 = 0; f16 < 2; f16++) {
+            attn_layout L;
+            attn_make(&L, &r, f16 ? QUANT_TYPE_F16 : QUANT_TYPE_F32, cases[c][0], cases[c][1], cases[c][2], cases[c][3],
+                      cases[c][4], 0);
+            float *q = (float *)L.op.src[0].data;
+            q[0] = NAN; /* head 0 of query 0 */
+            got = run_dev(t, e.be, &L.op, &L.b, "attention non-finite");
+            if (got != NULL) {
+                const float *o = (const float *)(got + ((uint8_t *)L.op.dst.data - L.b.mem));
+                const int64_t hd = cases[c][0];
+                for (int64_t i = 0; i < hd; i++) CHECK_MSG(isnan(o[i]), "case %zu f16 %d: out[%lld] = %g", c, f16, (long long)i, o[i]);
+                CHECK(!isnan(o[hd])); /* head 1 is untouched */
+            }
+            free(got);
+            tv_arena_free(&L.b);
+        }
+    }
+    env_close(t, &e);
+}

@@ -743,3 +743,40 @@ TEST(engine_logprobs_spec_equals_plain) {
     }
     models_close(&m);
 }
+
+/* A generation that runs into the end of the context finishes with DFL_FINISH_CTX (no error:
+ * both contexts were sized for it), its tokens the plain greedy ones. */
+TEST(engine_runs_to_the_end_of_the_context) {
+    char tp[512], dp[512];
+    if (!tu_make_models(t, "m", TINY_T " --type q8_0 --block-size 8 --seed 4", tp, dp, sizeof(tp))) return;
+    pair_models m;
+    if (!models_open(t, &m, tp, dp)) {
+        models_close(&m);
+        return;
+    }
+    int32_t prompt[10], ref[MAXG];
+    make_prompt(prompt, 10, 2, 8);
+    dfl_error err = {0};
+    REQUIRE(tu_greedy(m.rctx, 0, prompt, 10, MAXG, ref, &err) == DFL_OK);
+    for (int pass = 0; pass < 2; pass++) {
+        dfl_engine_params ep = dfl_engine_default_params();
+        ep.n_ctx = 48;
+        ep.n_threads = ep.n_threads_batch = 1;
+        dfl_engine *e = dfl_engine_new_from_models(m.tm, pass == 0 ? m.dm : NULL, NULL, &ep, &err);
+        REQUIRE(e != NULL);
+        dfl_seq_params sp = dfl_seq_default_params(); /* max_tokens 0: until the context is full */
+        REQUIRE(dfl_engine_seq_start(e, 0, prompt, 10, &sp, &err) == DFL_OK);
+        static int32_t got[1][MAXG];
+        int64_t n_got[1] = {0};
+        dfl_seq_output o;
+        dfl_engine_seq_read(e, 0, &o, &err);
+        for (int64_t j = 0; j < o.n_tokens; j++) got[0][n_got[0]++] = o.tokens[j];
+        CHECK(run_all(t, e, 1, got, n_got, NULL));
+        dfl_engine_seq_read(e, 0, &o, &err);
+        CHECK_EQ_INT(o.finish, DFL_FINISH_CTX);
+        CHECK_MSG(n_got[0] >= 48 - 10 - 8 - 1, "%s: %lld tokens", pass ? "plain" : "spec", (long long)n_got[0]);
+        CHECK(memcmp(got[0], ref, sizeof(int32_t) * (size_t)n_got[0]) == 0);
+        dfl_engine_free(e);
+    }
+    models_close(&m);
+}

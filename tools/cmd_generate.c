@@ -6,17 +6,20 @@
 #include "cmds.h"
 #include "base/jsonw.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 static int usage(FILE *out) {
-    fprintf(out, "usage: dflash generate [-m TARGET.gguf] [-md DRAFT.gguf] -p TEXT [-n N] [options]\n");
+    fprintf(out, "usage: dflash generate [-m TARGET.gguf] [-md DRAFT.gguf] (-p TEXT | -f FILE) [-n N] [options]\n");
     cli_print_common_help(out);
     return out == stdout ? 0 : 2;
 }
 
-/* Appends what the engine gives to the collected tokens and text (and streams the text). */
-static bool collect(const dfl_seq_output *so, bool stream, int32_t **tok, int64_t *n_tok, char **text, size_t *n_text) {
+/* Appends what the engine gives to the collected tokens and text (and streams the text; a failed
+ * write sets *write_errno). */
+static bool collect(const dfl_seq_output *so, bool stream, int32_t **tok, int64_t *n_tok, char **text, size_t *n_text,
+                    int *write_errno) {
     int32_t *t = realloc(*tok, (size_t)(*n_tok + so->n_tokens + 1) * sizeof(int32_t));
     char *x = realloc(*text, *n_text + so->text_len + 1);
     if (t != NULL) *tok = t;
@@ -26,9 +29,9 @@ static bool collect(const dfl_seq_output *so, bool stream, int32_t **tok, int64_
     *n_tok += so->n_tokens;
     memcpy(x + *n_text, so->text, so->text_len + 1);
     *n_text += so->text_len;
-    if (stream && so->text_len > 0) {
-        fwrite(so->text, 1, so->text_len, stdout);
-        fflush(stdout);
+    if (stream && so->text_len > 0 && (fwrite(so->text, 1, so->text_len, stdout) != so->text_len || fflush(stdout) != 0)) {
+        *write_errno = errno != 0 ? errno : EIO;
+        return false;
     }
     return true;
 }
@@ -45,26 +48,32 @@ int cmd_generate(int argc, char **argv) {
             return usage(stderr);
         }
     }
-    if (o.prompt == NULL) {
-        fprintf(stderr, "dflash generate: a prompt is required (-p TEXT)\n");
+    if ((o.prompt == NULL) == (o.prompt_file == NULL)) {
+        fprintf(stderr, "dflash generate: a prompt is required: -p TEXT or -f FILE (one of them)\n");
         return usage(stderr);
     }
+    char *file_text = NULL;
+    size_t file_len = 0;
+    if (o.prompt_file != NULL && (file_text = cli_read_file(o.prompt_file, &file_len, "generate")) == NULL) return 1;
     o.n_seq = 1;
     cli_session s;
     int32_t *prompt = NULL, *tokens = NULL;
     char *text = NULL;
     int64_t n_tok = 0;
     size_t n_text = 0;
-    int rc = 1;
-    if (cli_session_open(&s, &o, o.json, "generate") != 0) goto done;
-    const int64_t n_prompt = cli_tokenize_prompt(&s, &o, o.prompt, &prompt, "generate");
-    if (n_prompt < 0) goto done;
-    dfl_engine *e = s.engine;
-    if (n_prompt + o.n_predict + 64 > dfl_engine_n_ctx(e)) {
-        fprintf(stderr, "dflash generate: prompt (%lld tokens) + %lld to generate do not fit the context of %lld "
-                "(use -c)\n", (long long)n_prompt, (long long)o.n_predict, (long long)dfl_engine_n_ctx(e));
+    int write_errno = 0;
+    int rc = cli_session_open(&s, &o, o.json, "generate");
+    if (rc != 0) {
+        free(file_text);
         goto done;
     }
+    rc = 1;
+    const int64_t n_prompt = file_text ? cli_tokenize_prompt_n(&s, &o, file_text, file_len, &prompt, "generate")
+                                       : cli_tokenize_prompt(&s, &o, o.prompt, &prompt, "generate");
+    free(file_text);
+    if (n_prompt < 0) goto done;
+    dfl_engine *e = s.engine;
+    if (cli_check_fit(&s, n_prompt, o.n_predict, "generate") != 0) goto done;
     dfl_error err = {0};
     const dfl_seq_params sp = cli_seq_params(&o);
     double t_gen = 0;
@@ -79,10 +88,11 @@ int cmd_generate(int argc, char **argv) {
         for (;;) {
             dfl_seq_output so;
             dfl_engine_seq_read(e, 0, &so, &err);
-            if (!collect(&so, !o.json, &tokens, &n_tok, &text, &n_text)) {
-                fprintf(stderr, "\ndflash generate: out of memory\n");
+            if (!collect(&so, !o.json, &tokens, &n_tok, &text, &n_text, &write_errno)) {
+                if (write_errno != 0) fprintf(stderr, "dflash generate: cannot write output: %s\n", strerror(write_errno));
+                else fprintf(stderr, "\ndflash generate: out of memory\n");
                 rc = 1;
-                break;
+                goto done;
             }
             if (so.state != DFL_SEQ_ACTIVE) break;
             if (dfl_engine_step(e, NULL, 0, &err) != DFL_OK) {

@@ -264,7 +264,7 @@ dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, co
     e->n_batch = p.n_batch;
     if (drafter != NULL) {
         dfl_context_params dp = dfl_context_default_params();
-        dp.n_ctx = e->n_ctx;
+        dp.n_ctx = 0; /* the target's positions plus room for a draft block */
         dp.n_seq = p.n_seq;
         dp.n_batch = cp.n_batch;
         dp.n_ubatch = cp.n_batch;

@@ -15,7 +15,8 @@
  * With a single split (n_kv <= ATT_CHUNK) k_attn_partial writes the result itself: acc * (1/l)
  * (F32 V) or acc over the rounded probabilities (F16 V), the same bits the split path gives when
  * the other splits are masked (weight e^0 = 1, fmaf(x, 1, 0) = x, 0 + x = x).
- * A row whose cells are all masked gets zeros.
+ * A row whose cells are all masked gets zeros; a row with a NaN or +Inf score gets NaN (as the CPU
+ * reference: broken weights are never hidden).
  * The split size is fixed, so a query row's result does not depend on how many rows the op has
  * (decode and verification give the same values). With an F16 cache q is rounded to f16 before
  * the dot products, as the CPU reference does. Partials live in the queue's scratch:
@@ -69,13 +70,30 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_partial(cuda_tensor q, cud
         if (lane == 0) sc[t] = s;
     }
     __syncthreads();
-    float m = -INFINITY;
-    for (int t = threadIdx.x; t < n; t += blockDim.x) m = fmaxf(m, sc[t]);
+    float m = -INFINITY, bad = 0.0f;
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        m = fmaxf(m, sc[t]);
+        if (!(sc[t] < INFINITY)) bad = 1.0f; /* NaN or +Inf */
+    }
     m = cu_block_max(m, red);
+    bad = cu_block_max(bad, red);
     /* one split: the final values directly */
     const bool direct = n_split == 1;
     float *out = direct ? NULL : part + (((int64_t)iq * n_head + h) * n_split + split) * (2 + hd_v);
     float *dr = direct ? (float *)(dst.data + h * dst.nb[1] + iq * dst.nb[2]) : NULL;
+    if (bad > 0.0f) { /* a NaN or +Inf score: the output is NaN (as the CPU reference; never hidden) */
+        if (phase != ATT_STATS) {
+            for (int64_t d = threadIdx.x; d < hd_v; d += blockDim.x) {
+                if (direct) dr[d] = NAN;
+                else out[2 + d] = NAN;
+            }
+        }
+        if (threadIdx.x == 0 && !direct && phase != ATT_PV) { /* k_attn_combine sees the NaN m */
+            out[0] = NAN;
+            out[1] = NAN;
+        }
+        return;
+    }
     if (m == -INFINITY) { /* every cell of the split masked */
         if (phase != ATT_STATS) {
             for (int64_t d = threadIdx.x; d < hd_v; d += blockDim.x) {
@@ -157,7 +175,15 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(cuda_tensor dst, c
     const float *base = part + ((int64_t)iq * n_head + h) * n_split * (2 + hd_v);
     float *dr = (float *)(dst.data + h * dst.nb[1] + iq * dst.nb[2]);
     float M = -INFINITY;
-    for (int s = 0; s < n_split; s++) M = fmaxf(M, base[s * (2 + hd_v)]);
+    bool bad = false;
+    for (int s = 0; s < n_split; s++) {
+        M = fmaxf(M, base[s * (2 + hd_v)]);
+        bad |= isnan(base[s * (2 + hd_v)]); /* a split saw a NaN or +Inf score */
+    }
+    if (bad) {
+        for (int64_t d = threadIdx.x; d < hd_v; d += blockDim.x) dr[d] = NAN;
+        return;
+    }
     if (M == -INFINITY) {
         for (int64_t d = threadIdx.x; d < hd_v; d += blockDim.x) dr[d] = 0.0f;
         return;

@@ -162,15 +162,24 @@ __global__ void k_copy(cuda_tensor dst, cuda_tensor src) {
     for (int64_t i = threadIdx.x; i < src.ne[0]; i += blockDim.x) cu_store_elem(dst.type, dr, i, cu_load_elem(src.type, sr, i));
 }
 
-/* Row softmax (max-subtracted); a row without a finite score gives zeros. dst may be a. */
+/* Row softmax (max-subtracted); a row with all scores -Inf gives zeros, a row with a NaN or +Inf
+ * score gives NaN (as the CPU reference). dst may be a. */
 __global__ void k_softmax(cuda_tensor dst, cuda_tensor a) {
     __shared__ float sh[32];
     const int64_t ir = blockIdx.x, n = a.ne[0];
     const float *ar = (const float *)cu_row(a, ir);
     float *dr = (float *)cu_row(dst, ir);
-    float m = -INFINITY;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, ar[i]);
+    float m = -INFINITY, bad = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        m = fmaxf(m, ar[i]);
+        if (!(ar[i] < INFINITY)) bad = 1.0f; /* NaN or +Inf */
+    }
     m = cu_block_max(m, sh);
+    bad = cu_block_max(bad, sh);
+    if (bad > 0.0f) {
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dr[i] = NAN;
+        return;
+    }
     if (m == -INFINITY) {
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dr[i] = 0.0f;
         return;

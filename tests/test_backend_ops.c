@@ -896,9 +896,10 @@ TEST(backend_op_validation_messages) {
     memset(&err, 0, sizeof(err));
     op.src[1] = tensor_2d(QUANT_TYPE_F32, buf, 64, 2);
     CHECK_EQ_INT(backend_op_validate(be, &op, &err), DFL_OK);
-    op.src[0] = tensor_2d(QUANT_TYPE_Q5_0, buf, 64, 8);
+    op.src[0] = tensor_2d(16 /* iq2_xxs */, buf, 256, 8);
+    op.src[1] = tensor_2d(QUANT_TYPE_F32, buf, 256, 2);
     CHECK_EQ_INT(backend_op_validate(be, &op, &err), DFL_ERR_INVALID);
-    CHECK_STR_CONTAINS(err.msg, "q5_0");
+    CHECK_STR_CONTAINS(err.msg, "iq2_xxs");
 
     memset(&err, 0, sizeof(err));
     int32_t pos[4] = {0};

@@ -93,9 +93,10 @@ TEST(quantize_refuses_bad_input) {
     test_path(t, "b", d, sizeof(d));
     snprintf(args, sizeof(args), "make-test-model -o %s --type f16", d);
     REQUIRE(run(t, args, out, sizeof(out)) == 0);
-    snprintf(args, sizeof(args), "quantize %s/target.gguf %s/x.gguf q4_K", d, d);
+    snprintf(args, sizeof(args), "quantize %s/target.gguf %s/x.gguf q9_K", d, d);
     CHECK_EQ_INT(run(t, args, out, sizeof(out)), 2);
-    CHECK_STR_CONTAINS(out, "unsupported type 'q4_K'");
+    CHECK_STR_CONTAINS(out, "unknown quantization type 'q9_K'");
+    CHECK_STR_CONTAINS(out, "Q4_K_M");
     snprintf(args, sizeof(args), "quantize %s/missing.gguf %s/x.gguf q8_0", d, d);
     CHECK_EQ_INT(run(t, args, out, sizeof(out)), 1);
     CHECK_STR_CONTAINS(out, "missing.gguf");

@@ -143,14 +143,15 @@ int cmd_quantize(int argc, char **argv) {
     }
     for (int64_t i = 0; i < gguf_n_kv(f); i++) {
         const gguf_kv *kv = gguf_kv_at(f, i);
-        if (gguf_str_eq(kv->key, "general.file_type")) continue;
+        if (gguf_str_eq(kv->key, "general.file_type") || gguf_str_eq(kv->key, "general.quantization_version")) continue;
         if (!copy_kv(w, kv)) {
             fprintf(stderr, "dflash quantize: %s: cannot copy key %.*s\n", argv[1], (int)kv->key.len, kv->key.ptr);
             goto done;
         }
     }
+    /* as llama-quantize: the two keys it sets go last, in this order (ggml's quantization version 2) */
+    gguf_writer_set_u32(w, "general.quantization_version", 2);
     gguf_writer_set_u32(w, "general.file_type", (uint32_t)preset->ftype);
-    if (gguf_find_kv(f, "general.quantization_version") == NULL) gguf_writer_set_u32(w, "general.quantization_version", 2);
 
     /* the type of every tensor, decided in llama-quantize's order (its counters depend on it) */
     char arch[64] = "llama";
@@ -184,7 +185,9 @@ int cmd_quantize(int argc, char **argv) {
 
     int64_t n_req = 0, n_by_type[QUANT_TYPE_COUNT] = {0};
     uint64_t bytes_in = 0, bytes_out = 0;
-    for (int64_t i = 0; i < n_t; i++) {
+    /* written in llama-quantize's order too, so that the files are byte-identical */
+    for (int64_t k = 0; k < n_t; k++) {
+        const int64_t i = order[k].index;
         const gguf_tensor *t = gguf_tensor_at(f, i);
         char name[GGUF_MAX_NAME + 1];
         snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);

@@ -28,6 +28,7 @@ static const test_entry k_tests[] = {
 
 void test_fail(test_ctx *t, const char *file, int line, const char *fmt, ...) {
     t->n_fail++;
+    if (t->quiet) return;
     fprintf(stderr, "  FAIL %s (%s:%d): ", t->name, file, line);
     va_list ap;
     va_start(ap, fmt);
@@ -38,6 +39,7 @@ void test_fail(test_ctx *t, const char *file, int line, const char *fmt, ...) {
 
 void test_skip(test_ctx *t, const char *why) {
     t->skipped = true;
+    snprintf(t->skip_why, sizeof(t->skip_why), "%s", why);
     fprintf(stderr, "  SKIP %s: %s\n", t->name, why);
 }
 
@@ -100,6 +102,9 @@ int main(int argc, char **argv) {
         if (n_filter < 64) filters[n_filter++] = argv[i];
     }
     int n_pass = 0, n_fail = 0, n_skip = 0;
+    /* the skipped tests and their reasons, for the summary: a skip must never read as a pass */
+    char *skips = NULL;
+    size_t skips_len = 0;
     for (size_t k = 0; k < n_tests; k++) {
         if (!matches(k_tests[k].name, n_filter, filters)) continue;
         test_ctx t;
@@ -122,13 +127,22 @@ int main(int argc, char **argv) {
         } else if (t.skipped) {
             n_skip++;
             printf("skip %-48s %8.1f ms\n", t.name, ms);
+            const size_t add = strlen(t.name) + strlen(t.skip_why) + 8;
+            char *grown = realloc(skips, skips_len + add + 1);
+            if (grown != NULL) {
+                skips = grown;
+                skips_len += (size_t)snprintf(skips + skips_len, add + 1, "  %s: %s\n", t.name, t.skip_why);
+            }
         } else {
             n_pass++;
             printf("ok   %-48s %8.1f ms\n", t.name, ms);
         }
         fflush(stdout);
     }
-    if (n_skip > 0) printf("(%d skipped)\n", n_skip);
+    if (n_skip > 0) {
+        printf("%d skipped (not passed):\n%s", n_skip, skips != NULL ? skips : "");
+    }
+    free(skips);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail == 0 ? 0 : 1;
 }

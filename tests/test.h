@@ -13,6 +13,8 @@ typedef struct test_ctx {
     const char *name;
     int n_fail;    /* failed checks in this test */
     bool skipped;  /* the test skipped itself (test_skip) */
+    bool quiet;    /* failures are counted but not printed (a test of a test helper) */
+    char skip_why[512]; /* the reason given to test_skip (the last one), printed in the summary */
     char tmpdir[256]; /* a fresh directory for this test's files, removed afterwards */
 } test_ctx;
 

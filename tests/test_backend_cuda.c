@@ -18,6 +18,7 @@
  * the reason; the end-to-end tests skip. tools/device-check.sh runs them on a GPU. */
 #include "test.h"
 #include "test_util.h"
+#include "test_views.h"
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops_ref.h"
@@ -186,26 +187,6 @@ static void fill_weight(rng *r, uint32_t type, uint8_t *w, int64_t n_in, int64_t
 
 /* ---- running one op blob both ways --------------------------------------------------------------- */
 
-/* A blob of host memory holding every tensor of an op; tensors are placed with blob_take. */
-typedef struct blob {
-    uint8_t *mem;
-    size_t size, used;
-} blob;
-
-static void blob_init(blob *b, size_t size) {
-    b->mem = calloc(1, size);
-    DFL_ASSERT(b->mem != NULL);
-    b->size = size;
-    b->used = 0;
-}
-
-static void *blob_take(blob *b, size_t n) {
-    const size_t off = (b->used + 255) & ~(size_t)255;
-    DFL_ASSERT(off + n <= b->size);
-    b->used = off + n;
-    return b->mem + off;
-}
-
 static void op_rebase(backend_op *op, const uint8_t *from, size_t n, uint8_t *to, backend_buffer *buf) {
     tensor *ts[5] = {&op->dst, &op->src[0], &op->src[1], &op->src[2], &op->src[3]};
     for (int i = 0; i < 5; i++) {
@@ -217,8 +198,10 @@ static void op_rebase(backend_op *op, const uint8_t *from, size_t n, uint8_t *to
     }
 }
 
-/* The reference result: the blob after cpu_op_ref (malloc'd copy). */
-static uint8_t *run_ref(const backend_op *op, const blob *b) {
+/* The reference result: the blob after cpu_op_ref (malloc'd copy); NULL (reported) when a view of
+ * the op does not fit the array it was made for. */
+static uint8_t *run_ref(test_ctx *t, const backend_op *op, const tv_arena *b, const char *what) {
+    if (!tv_op_check(t, op, b, what)) return NULL;
     uint8_t *copy = malloc(b->size);
     DFL_ASSERT(copy != NULL);
     memcpy(copy, b->mem, b->size);
@@ -229,8 +212,9 @@ static uint8_t *run_ref(const backend_op *op, const blob *b) {
 }
 
 /* The backend's result: the blob after the op ran in one buffer of be (malloc'd), NULL on a
- * validation failure (reported). */
-static uint8_t *run_dev(test_ctx *t, backend *be, const backend_op *op, const blob *b, const char *what) {
+ * validation failure or a view that does not fit its array (reported). */
+static uint8_t *run_dev(test_ctx *t, backend *be, const backend_op *op, const tv_arena *b, const char *what) {
+    if (!tv_op_check(t, op, b, what)) return NULL;
     dfl_error err;
     error_clear(&err);
     backend_buffer *buf = backend_buffer_alloc(be, b->size, &err);
@@ -277,10 +261,10 @@ static bool close_f32(test_ctx *t, const char *what, const float *a, const float
 }
 
 /* Runs op both ways and compares: exact (whole blob) or the contiguous f32 dst within tolerance. */
-static void check_op(test_ctx *t, backend *be, const backend_op *op, const blob *b, const char *what, bool exact,
+static void check_op(test_ctx *t, backend *be, const backend_op *op, const tv_arena *b, const char *what, bool exact,
                      double tol_abs, double tol_rel) {
-    uint8_t *ref = run_ref(op, b);
-    uint8_t *got = run_dev(t, be, op, b, what);
+    uint8_t *ref = run_ref(t, op, b, what);
+    uint8_t *got = ref != NULL ? run_dev(t, be, op, b, what) : NULL;
     if (got != NULL) {
         if (exact) {
             if (memcmp(ref, got, b->size) != 0) {
@@ -493,7 +477,7 @@ static double mm_budget(uint32_t type) {
 }
 
 typedef struct mm_layout {
-    blob b;
+    tv_arena b;
     backend_op op;
     float *x;     /* [n_in, n_rows] rows x_stride floats apart */
     int64_t x_stride;
@@ -503,10 +487,10 @@ typedef struct mm_layout {
 static void mm_make(mm_layout *L, rng *r, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_rows, int64_t pad) {
     const size_t wbytes = quant_row_size(type, n_in) * (size_t)n_out;
     L->x_stride = n_in + pad;
-    blob_init(&L->b, wbytes + (size_t)(L->x_stride * n_rows + n_out * n_rows) * 4 + 4096);
-    uint8_t *w = blob_take(&L->b, wbytes);
-    L->x = blob_take(&L->b, (size_t)(L->x_stride * n_rows) * 4);
-    float *d = blob_take(&L->b, (size_t)(n_out * n_rows) * 4);
+    tv_arena_init(&L->b, wbytes + (size_t)(L->x_stride * n_rows + n_out * n_rows) * 4 + 4096);
+    uint8_t *w = tv_arena_take(&L->b, wbytes);
+    L->x = tv_arena_take(&L->b, (size_t)(L->x_stride * n_rows) * 4);
+    float *d = tv_arena_take(&L->b, (size_t)(n_out * n_rows) * 4);
     fill_weight(r, type, w, n_in, n_out);
     fill_f32(r, L->x, L->x_stride * n_rows, 2.0f);
     if (n_rows >= 3) memset(L->x + L->x_stride, 0, (size_t)n_in * 4); /* a zero row */
@@ -574,8 +558,8 @@ TEST(cuda_op_matmul_vs_ref) {
                 char what[160];
                 snprintf(what, sizeof(what), "matmul %s [%lld -> %lld] x %lld rows (pad %lld)", quant_type_get(type)->name,
                          (long long)n_in, (long long)n_out, (long long)n_rows, (long long)pad);
-                uint8_t *ref = run_ref(&L.op, &L.b);
-                uint8_t *got = run_dev(t, e.be, &L.op, &L.b, what);
+                uint8_t *ref = run_ref(t, &L.op, &L.b, what);
+                uint8_t *got = ref != NULL ? run_dev(t, e.be, &L.op, &L.b, what) : NULL;
                 if (got != NULL) {
                     const size_t off = (size_t)((uint8_t *)L.op.dst.data - L.b.mem);
                     const float *y = (const float *)(got + off), *yr = (const float *)(ref + off);
@@ -587,7 +571,7 @@ TEST(cuda_op_matmul_vs_ref) {
                         }
                     }
                 }
-                free(ref); free(got); free(N); free(L.b.mem);
+                free(ref); free(got); free(N); tv_arena_free(&L.b);
             }
         }
     }
@@ -613,7 +597,7 @@ TEST(cuda_op_matmul_batch_invariance) {
                      (long long)n_out);
             uint8_t *full = run_dev(t, e.be, &L.op, &L.b, what);
             if (full == NULL) {
-                free(L.b.mem);
+                tv_arena_free(&L.b);
                 continue;
             }
             const size_t off = (size_t)((uint8_t *)L.op.dst.data - L.b.mem);
@@ -647,7 +631,7 @@ TEST(cuda_op_matmul_batch_invariance) {
                 free(one);
             }
             free(full);
-            free(L.b.mem);
+            tv_arena_free(&L.b);
         }
     }
     env_close(t, &e);
@@ -720,11 +704,11 @@ TEST(cuda_op_matmul_activation_reuse) {
 /* ---- light ops ------------------------------------------------------------------------------------ */
 
 static void light_rmsnorm_rope(test_ctx *t, backend *be, rng *r) {
-    blob b;
-    blob_init(&b, 1 << 20);
+    tv_arena b;
+    tv_arena_init(&b, 4 << 20);
     const int64_t n = 1024, rows = 70;
-    float *x = blob_take(&b, (size_t)(n * rows) * 4), *d = blob_take(&b, (size_t)(n * rows) * 4);
-    float *w = blob_take(&b, (size_t)n * 4);
+    float *x = tv_arena_take(&b, (size_t)(n * rows) * 4), *d = tv_arena_take(&b, (size_t)(n * rows) * 4);
+    float *w = tv_arena_take(&b, (size_t)n * 4);
     fill_f32(r, x, n * rows, 3.0f);
     fill_f32(r, w, n, 1.0f);
     tensor tx = tensor_2d(QUANT_TYPE_F32, x, n, rows), td = tensor_2d(QUANT_TYPE_F32, d, n, rows);
@@ -742,11 +726,15 @@ static void light_rmsnorm_rope(test_ctx *t, backend *be, rng *r) {
     tensor x33 = tensor_2d(QUANT_TYPE_F32, x, 33, 5);
     op = mkop(BACKEND_OP_RMSNORM, tensor_2d(QUANT_TYPE_F32, d, 33, 5), &x33, NULL);
     check_op(t, be, &op, &b, "rmsnorm 33 x 5", false, 1e-6, 1e-5);
-    /* rope [128, 16, 40]: plain, strided positions with n_rot 64 in place, large positions */
-    int32_t *pos = blob_take(&b, 4 * 40 * sizeof(int32_t));
-    for (int i = 0; i < 160; i++) pos[i] = (int32_t)((i * 37) % 3000);
-    tensor x3 = tensor_3d(QUANT_TYPE_F32, x, 128, 16, 40), d3 = tensor_3d(QUANT_TYPE_F32, d, 128, 16, 40);
-    tensor tp = tensor_1d(QUANT_TYPE_I32, pos, 40);
+    /* rope [128, 16, 40]: plain, strided positions with n_rot 64 in place, large positions; each
+     * case on arrays of its own size (the blob is never written: both runs work on copies) */
+    const int64_t hd = 128, nh = 16, n_tok = 40;
+    float *xr = tv_arena_take(&b, (size_t)(hd * nh * n_tok) * 4), *dr = tv_arena_take(&b, (size_t)(hd * nh * n_tok) * 4);
+    fill_f32(r, xr, hd * nh * n_tok, 3.0f);
+    int32_t *pos = tv_arena_take(&b, (size_t)(4 * n_tok) * sizeof(int32_t)); /* 4 sections: the strided case */
+    for (int64_t i = 0; i < 4 * n_tok; i++) pos[i] = (int32_t)((i * 37) % 3000);
+    tensor x3 = tensor_3d(QUANT_TYPE_F32, xr, hd, nh, n_tok), d3 = tensor_3d(QUANT_TYPE_F32, dr, hd, nh, n_tok);
+    tensor tp = tensor_1d(QUANT_TYPE_I32, pos, n_tok);
     op = mkop(BACKEND_OP_ROPE_NEOX, d3, &x3, &tp);
     op.f[0] = 1000000.0f;
     check_op(t, be, &op, &b, "rope", false, 2e-5, 2e-5);
@@ -755,41 +743,44 @@ static void light_rmsnorm_rope(test_ctx *t, backend *be, rng *r) {
     op.f[0] = 10000.0f;
     op.i[0] = 64;
     check_op(t, be, &op, &b, "rope strided pos n_rot 64 in place", false, 2e-5, 2e-5);
-    for (int i = 0; i < 40; i++) pos[i] = 40000 - i * 1000;
-    tensor x6 = tensor_3d(QUANT_TYPE_F32, x, 64, 3, 40), d6 = tensor_3d(QUANT_TYPE_F32, d, 64, 3, 40);
-    tp = tensor_1d(QUANT_TYPE_I32, pos, 40);
+    float *xl = tv_arena_take(&b, (size_t)(64 * 3 * n_tok) * 4), *dl = tv_arena_take(&b, (size_t)(64 * 3 * n_tok) * 4);
+    fill_f32(r, xl, 64 * 3 * n_tok, 3.0f);
+    int32_t *pos_l = tv_arena_take(&b, (size_t)n_tok * sizeof(int32_t));
+    for (int64_t i = 0; i < n_tok; i++) pos_l[i] = (int32_t)(40000 - i * 1000);
+    tensor x6 = tensor_3d(QUANT_TYPE_F32, xl, 64, 3, n_tok), d6 = tensor_3d(QUANT_TYPE_F32, dl, 64, 3, n_tok);
+    tp = tensor_1d(QUANT_TYPE_I32, pos_l, n_tok);
     op = mkop(BACKEND_OP_ROPE_NEOX, d6, &x6, &tp);
     op.f[0] = 10000.0f;
     check_op(t, be, &op, &b, "rope large positions", false, 1e-4, 1e-4);
-    free(b.mem);
+    tv_arena_free(&b);
 }
 
 static void light_rows(test_ctx *t, backend *be, rng *r) {
-    blob b;
-    blob_init(&b, 1 << 20);
+    tv_arena b;
+    tv_arena_init(&b, 1 << 20);
     /* set_rows into F32 / F16 / BF16 with I32 / I64 indices, and into a column view */
     const int64_t n = 100, n_dst = 50, n_src = 7;
-    float *src = blob_take(&b, (size_t)(n * n_src) * 4);
+    float *src = tv_arena_take(&b, (size_t)(n * n_src) * 4);
     fill_f32(r, src, n * n_src, 100.0f);
     src[3] = 70000.0f; /* f16 overflow: inf in both */
-    int32_t *i32 = blob_take(&b, (size_t)n_src * 4);
-    int64_t *i64 = blob_take(&b, (size_t)n_src * 8);
+    int32_t *i32 = tv_arena_take(&b, (size_t)n_src * 4);
+    int64_t *i64 = tv_arena_take(&b, (size_t)n_src * 8);
     for (int64_t i = 0; i < n_src; i++) i32[i] = (int32_t)((i * 13 + 5) % n_dst), i64[i] = (i * 29 + 1) % n_dst;
     tensor ts = tensor_2d(QUANT_TYPE_F32, src, n, n_src);
     const uint32_t dts[3] = {QUANT_TYPE_F32, QUANT_TYPE_F16, QUANT_TYPE_BF16};
     for (int k = 0; k < 3; k++) {
-        void *dst = blob_take(&b, quant_row_size(dts[k], n) * (size_t)n_dst);
+        void *dst = tv_arena_take(&b, quant_row_size(dts[k], n) * (size_t)n_dst);
         tensor td = tensor_2d(dts[k], dst, n, n_dst);
         tensor ti = k == 1 ? tensor_1d(QUANT_TYPE_I64, i64, n_src) : tensor_1d(QUANT_TYPE_I32, i32, n_src);
         backend_op op = mkop(BACKEND_OP_SET_ROWS, td, &ts, &ti);
         check_op(t, be, &op, &b, "set_rows", true, 0, 0);
     }
-    float *feat = blob_take(&b, (size_t)(3 * n * 20) * 4); /* [3n, 20]: columns [n, 2n) of each row */
+    float *feat = tv_arena_take(&b, (size_t)(3 * n * 20) * 4); /* [3n, 20]: columns [n, 2n) of each row */
     const int64_t ne[4] = {n, 20, 1, 1};
     const size_t nb[4] = {4, (size_t)(3 * n) * 4, (size_t)(3 * n * 20) * 4, (size_t)(3 * n * 20) * 4};
     tensor tf = tensor_2d(QUANT_TYPE_F32, feat, 3 * n, 20);
     tensor cols = tensor_view(&tf, ne, nb, (size_t)n * 4);
-    int32_t *i20 = blob_take(&b, (size_t)n_src * 4);
+    int32_t *i20 = tv_arena_take(&b, (size_t)n_src * 4);
     for (int64_t i = 0; i < n_src; i++) i20[i] = (int32_t)((i * 3 + 2) % 20);
     tensor ti = tensor_1d(QUANT_TYPE_I32, i20, n_src);
     backend_op op = mkop(BACKEND_OP_SET_ROWS, cols, &ts, &ti);
@@ -797,25 +788,25 @@ static void light_rows(test_ctx *t, backend *be, rng *r) {
     /* get_rows of every weight type (repeated and reversed indices) */
     for (size_t k = 0; k < sizeof(k_types) / sizeof(k_types[0]); k++) {
         const int64_t ne0 = 512, rows = 9;
-        uint8_t *w = blob_take(&b, quant_row_size(k_types[k], ne0) * rows);
+        uint8_t *w = tv_arena_take(&b, quant_row_size(k_types[k], ne0) * rows);
         fill_weight(r, k_types[k], w, ne0, rows);
-        int32_t *idx = blob_take(&b, 6 * 4);
+        int32_t *idx = tv_arena_take(&b, 6 * 4);
         const int32_t iv[6] = {8, 0, 3, 3, 7, 1};
         memcpy(idx, iv, sizeof(iv));
-        float *out = blob_take(&b, (size_t)(ne0 * 6) * 4);
+        float *out = tv_arena_take(&b, (size_t)(ne0 * 6) * 4);
         tensor tw = tensor_2d(k_types[k], w, ne0, rows), tix = tensor_1d(QUANT_TYPE_I32, idx, 6);
         op = mkop(BACKEND_OP_GET_ROWS, tensor_2d(QUANT_TYPE_F32, out, ne0, 6), &tw, &tix);
         char what[64];
         snprintf(what, sizeof(what), "get_rows %s", quant_type_get(k_types[k])->name);
         check_op(t, be, &op, &b, what, false, 1e-7, 1e-6);
     }
-    free(b.mem);
+    tv_arena_free(&b);
 }
 
 static void light_elementwise(test_ctx *t, backend *be, rng *r) {
-    blob b;
-    blob_init(&b, 1 << 20);
-    float *a = blob_take(&b, 37 * 5 * 3 * 4), *bb = blob_take(&b, 37 * 5 * 3 * 4), *d = blob_take(&b, 37 * 5 * 3 * 4);
+    tv_arena b;
+    tv_arena_init(&b, 1 << 20);
+    float *a = tv_arena_take(&b, 37 * 5 * 3 * 4), *bb = tv_arena_take(&b, 37 * 5 * 3 * 4), *d = tv_arena_take(&b, 37 * 5 * 3 * 4);
     fill_f32(r, a, 37 * 15, 2.0f);
     fill_f32(r, bb, 37 * 15, 2.0f);
     tensor ta = tensor_3d(QUANT_TYPE_F32, a, 37, 5, 3), td = tensor_3d(QUANT_TYPE_F32, d, 37, 5, 3);
@@ -834,7 +825,7 @@ static void light_elementwise(test_ctx *t, backend *be, rng *r) {
     op.f[0] = -0.37f;
     check_op(t, be, &op, &b, "scale", true, 0, 0);
     /* softmax with -inf entries and a fully masked row */
-    float *s = blob_take(&b, 1000 * 4 * 4);
+    float *s = tv_arena_take(&b, 1000 * 4 * 4);
     fill_f32(r, s, 4000, 20.0f);
     for (int i = 0; i < 1000; i += 3) s[1000 + i] = -INFINITY;
     for (int i = 0; i < 1000; i++) s[2000 + i] = -INFINITY;
@@ -842,12 +833,12 @@ static void light_elementwise(test_ctx *t, backend *be, rng *r) {
     op = mkop(BACKEND_OP_SOFTMAX, tsm, &tsm, NULL);
     check_op(t, be, &op, &b, "softmax", false, 1e-8, 2e-6);
     /* argmax with ties (first wins) and -inf rows */
-    float *am = blob_take(&b, 151 * 9 * 4);
+    float *am = tv_arena_take(&b, 151 * 9 * 4);
     fill_f32(r, am, 151 * 9, 1.0f);
     am[151 * 2 + 40] = am[151 * 2 + 90] = 50.0f;
     for (int i = 0; i < 151; i++) am[151 * 3 + i] = -INFINITY;
     for (int i = 0; i < 151; i++) am[151 * 4 + i] = 1.0f;
-    int32_t *ai = blob_take(&b, 9 * 4);
+    int32_t *ai = tv_arena_take(&b, 9 * 4);
     tensor tam = tensor_2d(QUANT_TYPE_F32, am, 151, 9);
     op = mkop(BACKEND_OP_ARGMAX, tensor_1d(QUANT_TYPE_I32, ai, 9), &tam, NULL);
     check_op(t, be, &op, &b, "argmax", true, 0, 0);
@@ -855,7 +846,7 @@ static void light_elementwise(test_ctx *t, backend *be, rng *r) {
     const uint32_t cts[3] = {QUANT_TYPE_F32, QUANT_TYPE_F16, QUANT_TYPE_BF16};
     for (int i = 0; i < 3; i++) {
         for (int j = 0; j < 3; j++) {
-            uint8_t *sp = blob_take(&b, 70 * 12 * 4), *dp = blob_take(&b, 80 * 12 * 4);
+            uint8_t *sp = tv_arena_take(&b, 70 * 12 * 4), *dp = tv_arena_take(&b, 80 * 12 * 4);
             float tmp[70 * 12];
             fill_f32(r, tmp, 70 * 12, 4.0f);
             tensor tsrc = tensor_2d(cts[i], sp, 70, 12);
@@ -870,7 +861,7 @@ static void light_elementwise(test_ctx *t, backend *be, rng *r) {
             check_op(t, be, &op, &b, "copy", true, 0, 0);
         }
     }
-    free(b.mem);
+    tv_arena_free(&b);
 }
 
 TEST(cuda_op_light_vs_ref) {
@@ -886,7 +877,7 @@ TEST(cuda_op_light_vs_ref) {
 /* ---- attention ------------------------------------------------------------------------------------ */
 
 typedef struct attn_layout {
-    blob b;
+    tv_arena b;
     backend_op op;
 } attn_layout;
 
@@ -897,11 +888,11 @@ static void attn_make(attn_layout *L, rng *r, uint32_t kvtype, int64_t hd, int64
                       int64_t n_kv, int mask_kind) {
     const int64_t cap = n_kv + 5;
     const size_t esz = kvtype == QUANT_TYPE_F16 ? 2 : 4;
-    blob_init(&L->b, (size_t)(hd * nh * nq * 8) + (size_t)(hd * nh_kv * cap) * esz * 2 + (size_t)(n_kv * nq) * 4 + 8192);
-    float *q = blob_take(&L->b, (size_t)(hd * nh * nq) * 4);
-    uint8_t *kc = blob_take(&L->b, (size_t)(hd * nh_kv * cap) * esz), *vc = blob_take(&L->b, (size_t)(hd * nh_kv * cap) * esz);
-    float *mask = blob_take(&L->b, (size_t)(n_kv * nq) * 4);
-    float *out = blob_take(&L->b, (size_t)(hd * nh * nq) * 4);
+    tv_arena_init(&L->b, (size_t)(hd * nh * nq * 8) + (size_t)(hd * nh_kv * cap) * esz * 2 + (size_t)(n_kv * nq) * 4 + 8192);
+    float *q = tv_arena_take(&L->b, (size_t)(hd * nh * nq) * 4);
+    uint8_t *kc = tv_arena_take(&L->b, (size_t)(hd * nh_kv * cap) * esz), *vc = tv_arena_take(&L->b, (size_t)(hd * nh_kv * cap) * esz);
+    float *mask = tv_arena_take(&L->b, (size_t)(n_kv * nq) * 4);
+    float *out = tv_arena_take(&L->b, (size_t)(hd * nh * nq) * 4);
     fill_f32(r, q, hd * nh * nq, 2.0f);
     for (int64_t i = 0; i < hd * nh_kv * cap; i++) {
         const float kv = rng_f(r) * 2.0f, vv = rng_f(r);
@@ -968,7 +959,7 @@ TEST(cuda_op_attention_vs_ref) {
                     }
                     free(got);
                 }
-                free(L.b.mem);
+                tv_arena_free(&L.b);
             }
         }
     }
@@ -1003,7 +994,7 @@ TEST(cuda_op_attention_row_invariance) {
         free(one);
     }
     free(full);
-    free(L.b.mem);
+    tv_arena_free(&L.b);
     /* decode vs verification: a causal 16-row op over 260 cells (two splits) against each row
      * alone over exactly the cells it sees (245 + i: one split for the first rows) */
     attn_make(&L, &r, QUANT_TYPE_F16, 128, 8, 2, 16, 260, 1);
@@ -1032,7 +1023,7 @@ TEST(cuda_op_attention_row_invariance) {
         free(one);
     }
     free(full);
-    free(L.b.mem);
+    tv_arena_free(&L.b);
     env_close(t, &e);
 }
 

@@ -11,6 +11,7 @@
  * sums only); the prepared activations must be byte-identical to the scalar preparation.
  * Every comparison fails on a non-finite value. */
 #include "test.h"
+#include "test_views.h"
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_internal.h"
@@ -275,6 +276,9 @@ TEST(backend_matmul_vs_ref) {
             op.dst = tensor_2d(QUANT_TYPE_F32, yref, c.n_out, c.n_rows);
             op.src[0] = tensor_2d(type, w, c.n_in, c.n_out);
             op.src[1] = tensor_2d(QUANT_TYPE_F32, x, c.n_in, c.n_rows);
+            REQUIRE(tv_view_check(t, &op.dst, yref, (size_t)(c.n_out * c.n_rows) * 4, "matmul", "dst") &&
+                    tv_view_check(t, &op.src[0], w, quant_row_size(type, c.n_in) * (size_t)c.n_out, "matmul", "w") &&
+                    tv_view_check(t, &op.src[1], x, (size_t)(c.n_in * c.n_rows) * 4, "matmul", "x"));
             cpu_op_matmul_ref(&op);
             mm_norms(N, type, w, c.n_in, c.n_out, x, c.n_rows);
             for (int level = 0; level < 3; level++) {
@@ -403,10 +407,14 @@ TEST(backend_matmul_threads_identical) {
 
 /* ---- light ops: the threaded executor (reference code on slices) against the reference ----- */
 
-/* Runs op (whose dst/inputs live in `mem` of `bytes` bytes) through a backend with nt threads and
- * compares the whole memory with a reference run on a copy (same layout, pointers rebased). */
-static void check_light_op(test_ctx *t, const char *what, const backend_op *op, uint8_t *mem, size_t bytes, int nt,
-                           bool exact, double tol) {
+/* Runs op (whose dst/inputs are arrays of the arena a, each view checked against its array)
+ * through a backend with nt threads and compares the whole arena with a reference run on a copy
+ * (same layout, pointers rebased). */
+static void check_light_op(test_ctx *t, const char *what, const backend_op *op, const tv_arena *a, int nt, bool exact,
+                           double tol) {
+    if (!tv_op_check(t, op, a, what)) return;
+    uint8_t *mem = a->mem;
+    const size_t bytes = a->size;
     uint8_t *copy = malloc(bytes);
     REQUIRE(copy);
     memcpy(copy, mem, bytes);
@@ -445,23 +453,27 @@ TEST(backend_op_rmsnorm) {
     for (int nt = 1; nt <= 3; nt++) {
         /* [1024, 70] with a weight; x and dst distinct; then in place; then per head with NULL weight */
         const int64_t n = 1024, rows = 70;
-        float *mem = malloc((size_t)(2 * n * rows + n) * sizeof(float));
-        REQUIRE(mem);
-        fill_f32(&r, mem, 2 * n * rows + n, 3.0f);
-        tensor x = tensor_2d(QUANT_TYPE_F32, mem, n, rows);
-        tensor d = tensor_2d(QUANT_TYPE_F32, mem + n * rows, n, rows);
-        tensor w = tensor_1d(QUANT_TYPE_F32, mem + 2 * n * rows, n);
+        tv_arena a;
+        tv_arena_init(&a, (size_t)(2 * n * rows + n) * sizeof(float) + 1024);
+        float *xm = tv_arena_take(&a, (size_t)(n * rows) * 4), *dm = tv_arena_take(&a, (size_t)(n * rows) * 4);
+        float *wm = tv_arena_take(&a, (size_t)n * 4);
+        fill_f32(&r, xm, n * rows, 3.0f);
+        fill_f32(&r, dm, n * rows, 3.0f);
+        fill_f32(&r, wm, n, 3.0f);
+        tensor x = tensor_2d(QUANT_TYPE_F32, xm, n, rows);
+        tensor d = tensor_2d(QUANT_TYPE_F32, dm, n, rows);
+        tensor w = tensor_1d(QUANT_TYPE_F32, wm, n);
         backend_op op = mkop(BACKEND_OP_RMSNORM, d, &x, &w);
         op.f[0] = 1e-6f;
-        check_light_op(t, "rmsnorm", &op, (uint8_t *)mem, (size_t)(2 * n * rows + n) * sizeof(float), nt, true, 0);
+        check_light_op(t, "rmsnorm", &op, &a, nt, true, 0);
         op = mkop(BACKEND_OP_RMSNORM, x, &x, &w);
         op.f[0] = 1e-5f;
-        check_light_op(t, "rmsnorm in place", &op, (uint8_t *)mem, (size_t)(2 * n * rows + n) * sizeof(float), nt, true, 0);
+        check_light_op(t, "rmsnorm in place", &op, &a, nt, true, 0);
         tensor xh = tensor_reshape_2d(&x, 128, 8 * rows);
         op = mkop(BACKEND_OP_RMSNORM, xh, &xh, NULL);
         op.f[0] = 1e-6f;
-        check_light_op(t, "rmsnorm per head", &op, (uint8_t *)mem, (size_t)(2 * n * rows + n) * sizeof(float), nt, true, 0);
-        free(mem);
+        check_light_op(t, "rmsnorm per head", &op, &a, nt, true, 0);
+        tv_arena_free(&a);
     }
     /* the reference itself: one row by hand */
     float x[4] = {1, 2, 3, 4}, w[4] = {1, 0.5f, 2, 1}, y[4];
@@ -477,31 +489,33 @@ TEST(backend_op_rope_neox) {
     rng r = {6};
     const int64_t hd = 128, nh = 16, nt_tok = 40;
     const size_t n = (size_t)(hd * nh * nt_tok);
-    float *mem = malloc((2 * n + 4 * (size_t)nt_tok) * sizeof(float));
-    REQUIRE(mem);
-    fill_f32(&r, mem, (int64_t)(2 * n), 1.0f);
-    int32_t *pos = (int32_t *)(mem + 2 * n);
+    tv_arena a;
+    tv_arena_init(&a, (2 * n + 4 * (size_t)nt_tok) * sizeof(float) + 1024);
+    float *xm = tv_arena_take(&a, n * 4), *dm = tv_arena_take(&a, n * 4);
+    fill_f32(&r, xm, (int64_t)n, 1.0f);
+    fill_f32(&r, dm, (int64_t)n, 1.0f);
+    int32_t *pos = tv_arena_take(&a, 4 * (size_t)nt_tok * sizeof(int32_t)); /* 4 sections: the strided case */
     for (int64_t i = 0; i < 4 * nt_tok; i++) pos[i] = (int32_t)((i * 37) % 3000);
     for (int nt = 1; nt <= 3; nt++) {
-        tensor x = tensor_3d(QUANT_TYPE_F32, mem, hd, nh, nt_tok);
-        tensor d = tensor_3d(QUANT_TYPE_F32, mem + n, hd, nh, nt_tok);
+        tensor x = tensor_3d(QUANT_TYPE_F32, xm, hd, nh, nt_tok);
+        tensor d = tensor_3d(QUANT_TYPE_F32, dm, hd, nh, nt_tok);
         tensor p = tensor_1d(QUANT_TYPE_I32, pos, nt_tok);
         backend_op op = mkop(BACKEND_OP_ROPE_NEOX, d, &x, &p);
         op.f[0] = 1000000.0f;
-        check_light_op(t, "rope", &op, (uint8_t *)mem, (2 * n + 4 * (size_t)nt_tok) * sizeof(float), nt, true, 0);
+        check_light_op(t, "rope", &op, &a, nt, true, 0);
         /* positions with a stride of 4 int32 (one section of interleaved positions), n_rot 64, in place */
         p.ne[0] = nt_tok;
         p.nb[0] = 16;
         op = mkop(BACKEND_OP_ROPE_NEOX, x, &x, &p);
         op.f[0] = 10000.0f;
         op.i[0] = 64;
-        check_light_op(t, "rope strided pos", &op, (uint8_t *)mem, (2 * n + 4 * (size_t)nt_tok) * sizeof(float), nt, true, 0);
+        check_light_op(t, "rope strided pos", &op, &a, nt, true, 0);
         /* one token, split over heads */
-        tensor x1 = tensor_3d(QUANT_TYPE_F32, mem, hd, nh * 40, 1);
-        tensor d1 = tensor_3d(QUANT_TYPE_F32, mem + n, hd, nh * 40, 1);
+        tensor x1 = tensor_3d(QUANT_TYPE_F32, xm, hd, nh * 40, 1);
+        tensor d1 = tensor_3d(QUANT_TYPE_F32, dm, hd, nh * 40, 1);
         op = mkop(BACKEND_OP_ROPE_NEOX, d1, &x1, &p);
         op.f[0] = 10000.0f;
-        check_light_op(t, "rope one token", &op, (uint8_t *)mem, (2 * n + 4 * (size_t)nt_tok) * sizeof(float), nt, true, 0);
+        check_light_op(t, "rope one token", &op, &a, nt, true, 0);
     }
     /* the reference against the closed form in f64 (small positions: the f32 angle recurrence is close) */
     float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
@@ -516,7 +530,7 @@ TEST(backend_op_rope_neox) {
         CHECK_NEAR(y[i], x[i] * cos(th) - x[i + 4] * sin(th), 1e-5);
         CHECK_NEAR(y[i + 4], x[i] * sin(th) + x[i + 4] * cos(th), 1e-5);
     }
-    free(mem);
+    tv_arena_free(&a);
 }
 
 /* Attention: builds q, a KV cache view (capacity > n_kv, so strided), a mask; compares with the ref. */
@@ -559,6 +573,11 @@ static void attn_case(test_ctx *t, rng *r, uint32_t kvtype, int64_t hd, int64_t 
     op.src[2] = tensor_3d(kvtype, vc, hd, nh_kv, n_kv);
     op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, n_kv, nq);
     op.dst = tensor_3d(QUANT_TYPE_F32, ref, hd, nh, nq);
+    REQUIRE(tv_view_check(t, &op.src[0], q, (size_t)(hd * nh * nq) * 4, "attention", "q") &&
+            tv_view_check(t, &op.src[1], kc, (size_t)(hd * nh_kv * cap) * esz, "attention", "k") &&
+            tv_view_check(t, &op.src[2], vc, (size_t)(hd * nh_kv * cap) * esz, "attention", "v") &&
+            tv_view_check(t, &op.src[3], mask, (size_t)(n_kv * nq) * 4, "attention", "mask") &&
+            tv_view_check(t, &op.dst, ref, (size_t)(hd * nh * nq) * 4, "attention", "dst"));
     cpu_op_attention_ref(&op);
     op.dst.data = out;
     memset(out, 0xff, (size_t)(hd * nh * nq) * sizeof(float));
@@ -641,44 +660,47 @@ TEST(backend_op_set_get_rows) {
                 /* dst [256, 300] <- src [256, 280] rows, idx a permutation slice; big enough to split */
                 const int64_t n = 256, nd = 300, ns = 280;
                 const size_t esz = dtypes[di] == QUANT_TYPE_F32 ? 4 : 2;
-                const size_t bytes = (size_t)(n * nd) * esz + (size_t)(n * ns) * 4 + (size_t)ns * 8;
-                uint8_t *mem = calloc(1, bytes);
-                REQUIRE(mem);
-                float *src = (float *)(mem + (size_t)(n * nd) * esz);
+                tv_arena a;
+                tv_arena_init(&a, (size_t)(n * nd) * esz + (size_t)(n * ns) * 4 + (size_t)ns * 8 + 1024);
+                uint8_t *dst = tv_arena_take(&a, (size_t)(n * nd) * esz);
+                float *src = tv_arena_take(&a, (size_t)(n * ns) * 4);
                 fill_f32(&r, src, n * ns, 4.0f);
-                void *idx = mem + (size_t)(n * nd) * esz + (size_t)(n * ns) * 4;
+                void *idx = tv_arena_take(&a, (size_t)ns * (it == 0 ? 4 : 8));
                 for (int64_t i = 0; i < ns; i++) {
                     const int64_t v = (i * 7 + 3) % nd;
                     if (it == 0) ((int32_t *)idx)[i] = (int32_t)v; else ((int64_t *)idx)[i] = v;
                 }
-                tensor td = tensor_2d(dtypes[di], mem, n, nd);
+                tensor td = tensor_2d(dtypes[di], dst, n, nd);
                 tensor ts = tensor_2d(QUANT_TYPE_F32, src, n, ns);
                 tensor ti = tensor_1d(it == 0 ? QUANT_TYPE_I32 : QUANT_TYPE_I64, idx, ns);
                 backend_op op = mkop(BACKEND_OP_SET_ROWS, td, &ts, &ti);
-                check_light_op(t, "set_rows", &op, mem, bytes, nt, true, 0);
-                free(mem);
+                check_light_op(t, "set_rows", &op, &a, nt, true, 0);
+                tv_arena_free(&a);
             }
         }
         for (size_t ti = 0; ti < sizeof(k_mm_types) / sizeof(k_mm_types[0]); ti++) {
             const uint32_t type = k_mm_types[ti];
             const int64_t n = 512, ns = 9, ni = 140;
-            void *w = make_weight(&r, type, n, ns);
-            const size_t bytes = (size_t)(n * ni) * 4 + (size_t)ni * 4;
-            uint8_t *mem = calloc(1, bytes);
-            REQUIRE(w && mem);
-            int32_t *idx = (int32_t *)(mem + (size_t)(n * ni) * 4);
+            void *wh = make_weight(&r, type, n, ns);
+            REQUIRE(wh);
+            tv_arena a;
+            tv_arena_init(&a, quant_row_size(type, n) * (size_t)ns + (size_t)(n * ni) * 4 + (size_t)ni * 4 + 1024);
+            void *w = tv_arena_take(&a, quant_row_size(type, n) * (size_t)ns);
+            memcpy(w, wh, quant_row_size(type, n) * (size_t)ns);
+            free(wh);
+            float *mem = tv_arena_take(&a, (size_t)(n * ni) * 4);
+            int32_t *idx = tv_arena_take(&a, (size_t)ni * 4);
             for (int64_t i = 0; i < ni; i++) idx[i] = (int32_t)((i * 5) % ns);
             tensor td = tensor_2d(QUANT_TYPE_F32, mem, n, ni);
             tensor tsrc = tensor_2d(type, w, n, ns);
             tensor tix = tensor_1d(QUANT_TYPE_I32, idx, ni);
             backend_op op = mkop(BACKEND_OP_GET_ROWS, td, &tsrc, &tix);
-            check_light_op(t, "get_rows", &op, mem, bytes, nt, true, 0);
+            check_light_op(t, "get_rows", &op, &a, nt, true, 0);
             /* and the values are the dequantized rows */
             float row[512];
             REQUIRE(quant_dequantize_row(type, (const uint8_t *)w + quant_row_size(type, n) * (size_t)idx[5], row, n));
-            CHECK(memcmp(row, mem + 5 * n * 4, (size_t)n * 4) == 0);
-            free(w);
-            free(mem);
+            CHECK(memcmp(row, mem + 5 * n, (size_t)n * 4) == 0);
+            tv_arena_free(&a);
         }
     }
 }
@@ -688,31 +710,35 @@ TEST(backend_op_elementwise) {
     for (int nt = 1; nt <= 3; nt++) {
         const int64_t n0 = 1000, n1 = 9, n2 = 8;
         const int64_t na = n0 * n1 * n2;
-        const size_t bytes = (size_t)(3 * na + n0 * n2) * sizeof(float);
-        float *mem = malloc(bytes);
-        REQUIRE(mem);
-        fill_f32(&r, mem, 3 * na + n0 * n2, 3.0f);
-        tensor a = tensor_3d(QUANT_TYPE_F32, mem, n0, n1, n2);
-        tensor b = tensor_3d(QUANT_TYPE_F32, mem + na, n0, n1, n2);
-        tensor d = tensor_3d(QUANT_TYPE_F32, mem + 2 * na, n0, n1, n2);
-        tensor bb = tensor_3d(QUANT_TYPE_F32, mem + 3 * na, n0, 1, n2); /* broadcast over dim 1 */
-        tensor bs = tensor_3d(QUANT_TYPE_F32, mem + 3 * na, 1, n1, 1);   /* one value per row */
+        tv_arena ar;
+        tv_arena_init(&ar, (size_t)(3 * na + n0 * n2) * sizeof(float) + 1024);
+        float *am = tv_arena_take(&ar, (size_t)na * 4), *bm = tv_arena_take(&ar, (size_t)na * 4);
+        float *dm = tv_arena_take(&ar, (size_t)na * 4), *bbm = tv_arena_take(&ar, (size_t)(n0 * n2) * 4);
+        fill_f32(&r, am, na, 3.0f);
+        fill_f32(&r, bm, na, 3.0f);
+        fill_f32(&r, dm, na, 3.0f);
+        fill_f32(&r, bbm, n0 * n2, 3.0f);
+        tensor a = tensor_3d(QUANT_TYPE_F32, am, n0, n1, n2);
+        tensor b = tensor_3d(QUANT_TYPE_F32, bm, n0, n1, n2);
+        tensor d = tensor_3d(QUANT_TYPE_F32, dm, n0, n1, n2);
+        tensor bb = tensor_3d(QUANT_TYPE_F32, bbm, n0, 1, n2); /* broadcast over dim 1 */
+        tensor bs = tensor_3d(QUANT_TYPE_F32, bbm, 1, n1, 1);  /* one value per row */
         backend_op op = mkop(BACKEND_OP_ADD, d, &a, &b);
-        check_light_op(t, "add", &op, (uint8_t *)mem, bytes, nt, true, 0);
+        check_light_op(t, "add", &op, &ar, nt, true, 0);
         op = mkop(BACKEND_OP_ADD, a, &a, &bb);
-        check_light_op(t, "add broadcast in place", &op, (uint8_t *)mem, bytes, nt, true, 0);
+        check_light_op(t, "add broadcast in place", &op, &ar, nt, true, 0);
         op = mkop(BACKEND_OP_MUL, d, &a, &bb);
-        check_light_op(t, "mul broadcast", &op, (uint8_t *)mem, bytes, nt, true, 0);
+        check_light_op(t, "mul broadcast", &op, &ar, nt, true, 0);
         op = mkop(BACKEND_OP_MUL, d, &a, &bs);
-        check_light_op(t, "mul scalar per row", &op, (uint8_t *)mem, bytes, nt, true, 0);
+        check_light_op(t, "mul scalar per row", &op, &ar, nt, true, 0);
         op = mkop(BACKEND_OP_SWIGLU, d, &a, &b);
-        check_light_op(t, "swiglu", &op, (uint8_t *)mem, bytes, nt, false, 2e-6); /* SIMD exp: ulps */
+        check_light_op(t, "swiglu", &op, &ar, nt, false, 2e-6); /* SIMD exp: ulps */
         op = mkop(BACKEND_OP_SCALE, d, &a, NULL);
         op.f[0] = -0.375f;
-        check_light_op(t, "scale", &op, (uint8_t *)mem, bytes, nt, true, 0);
+        check_light_op(t, "scale", &op, &ar, nt, true, 0);
         op = mkop(BACKEND_OP_SOFTMAX, d, &a, NULL);
-        check_light_op(t, "softmax", &op, (uint8_t *)mem, bytes, nt, true, 0);
-        free(mem);
+        check_light_op(t, "softmax", &op, &ar, nt, true, 0);
+        tv_arena_free(&ar);
     }
     /* reference values by hand */
     float g[3] = {0.0f, 1.0f, -2.0f}, u[3] = {2.0f, 3.0f, 1.0f}, y[3];
@@ -735,27 +761,26 @@ TEST(backend_op_copy) {
     for (int nt = 1; nt <= 2; nt++) {
         /* f32 [128, 600] into a strided f16 view (every other column block of a cache [256, 600]) */
         const int64_t n = 128, rows = 600;
-        const size_t bytes = (size_t)(n * rows) * 4 + (size_t)(2 * n * rows) * 2 + (size_t)(n * rows) * 4;
-        uint8_t *mem = calloc(1, bytes);
-        REQUIRE(mem);
-        float *src = (float *)mem;
+        tv_arena a;
+        tv_arena_init(&a, (size_t)(n * rows) * 4 + (size_t)(2 * n * rows) * 2 + (size_t)(n * rows) * 4 + 1024);
+        float *src = tv_arena_take(&a, (size_t)(n * rows) * 4);
         fill_f32(&r, src, n * rows, 100.0f);
         src[0] = 70000.0f; /* overflows f16 */
         src[1] = 1e-8f;    /* f16 subnormal range */
-        uint16_t *cache = (uint16_t *)(mem + (size_t)(n * rows) * 4);
-        float *back = (float *)(mem + (size_t)(n * rows) * 4 + (size_t)(2 * n * rows) * 2);
+        uint16_t *cache = tv_arena_take(&a, (size_t)(2 * n * rows) * 2);
+        float *back = tv_arena_take(&a, (size_t)(n * rows) * 4);
         tensor ts = tensor_2d(QUANT_TYPE_F32, src, n, rows);
         tensor tc = tensor_2d(QUANT_TYPE_F16, cache + n, n, rows);
         tc.nb[1] = (size_t)(2 * n) * 2;
         backend_op op = mkop(BACKEND_OP_COPY, tc, &ts, NULL);
-        check_light_op(t, "copy f32 -> f16 strided", &op, mem, bytes, nt, true, 0);
+        check_light_op(t, "copy f32 -> f16 strided", &op, &a, nt, true, 0);
         tensor tb = tensor_2d(QUANT_TYPE_F32, back, n, rows);
         op = mkop(BACKEND_OP_COPY, tb, &tc, NULL);
-        check_light_op(t, "copy f16 -> f32", &op, mem, bytes, nt, true, 0);
+        check_light_op(t, "copy f16 -> f32", &op, &a, nt, true, 0);
         tensor tbf = tensor_2d(QUANT_TYPE_BF16, cache, n, rows);
         op = mkop(BACKEND_OP_COPY, tbf, &ts, NULL);
-        check_light_op(t, "copy f32 -> bf16", &op, mem, bytes, nt, true, 0);
-        free(mem);
+        check_light_op(t, "copy f32 -> bf16", &op, &a, nt, true, 0);
+        tv_arena_free(&a);
     }
     float x = 1.5f;
     uint16_t h = 0;
@@ -769,23 +794,23 @@ TEST(backend_op_argmax) {
     rng r = {13};
     for (int nt = 1; nt <= 2; nt++) {
         const int64_t n = 5000, rows = 20;
-        const size_t bytes = (size_t)(n * rows) * 4 + (size_t)rows * 4;
-        uint8_t *mem = calloc(1, bytes);
-        REQUIRE(mem);
-        float *a = (float *)mem;
+        tv_arena ar;
+        tv_arena_init(&ar, (size_t)(n * rows) * 4 + (size_t)rows * 4 + 1024);
+        float *a = tv_arena_take(&ar, (size_t)(n * rows) * 4);
+        int32_t *out = tv_arena_take(&ar, (size_t)rows * 4);
         fill_f32(&r, a, n * rows, 1.0f);
         a[3 * n + 10] = 50.0f;
         a[3 * n + 4000] = 50.0f; /* tie: the first wins */
         tensor ta = tensor_2d(QUANT_TYPE_F32, a, n, rows);
-        tensor td = tensor_1d(QUANT_TYPE_I32, mem + (size_t)(n * rows) * 4, rows);
+        tensor td = tensor_1d(QUANT_TYPE_I32, out, rows);
         backend_op op = mkop(BACKEND_OP_ARGMAX, td, &ta, NULL);
-        check_light_op(t, "argmax", &op, mem, bytes, nt, true, 0);
+        check_light_op(t, "argmax", &op, &ar, nt, true, 0);
         backend *be = make_backend(nt, 2, false);
         REQUIRE(be);
         run_op(be, &op);
         backend_free(be);
         CHECK_EQ_INT(((int32_t *)td.data)[3], 10);
-        free(mem);
+        tv_arena_free(&ar);
     }
 }
 

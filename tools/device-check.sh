@@ -76,6 +76,12 @@ grep -E "^(ok|FAIL|skip|fail)|FAIL|passed|cuda:|rel err" "$LOGS/tests.log" | hea
 TESTS_LINE=$(grep -E "passed, [0-9]+ failed" "$LOGS/tests.log" | tail -1)
 SKIPS=$(grep -cE "^skip " "$LOGS/tests.log")
 if [ $trc -ne 0 ]; then status=1; stamp "TESTS FAILED (rc $trc; log: $LOGS/tests.log)"; fi
+# a skip here is a failure: this script runs on a GPU host, where every CUDA test must run
+if [ "$SKIPS" -gt 0 ]; then
+    status=1
+    stamp "FAILED: $SKIPS CUDA test(s) skipped on a GPU host (a skip is not a pass):"
+    sed -n '/skipped (not passed):/,/passed, /p' "$LOGS/tests.log"
+fi
 
 # ---- 4. benchmarks ----------------------------------------------------------------------------
 stamp "waiting for the model writers"

@@ -89,15 +89,21 @@ DX_T2 DX_INL __m256i dx_block32(const void *blk, const uint32_t T, int unsigned_
     }
 }
 
-/* 6-bit scale and min of sub-block j of a Q4_K / Q5_K scales array. */
-DX_INL void dx_k4_scale_min(int j, const uint8_t *s, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
+/* The 8 six-bit scales and mins of a Q4_K / Q5_K block, each duplicated for its two 16-value
+ * halves into o->sc / o->mn, with 32-bit word operations: bytes 0-3 hold sc0-3 / m0-3 in their low
+ * 6 bits and the high 2 bits of sc4-7 / m4-7; bytes 8-11 the low 4 bits of sc4-7 (low nibbles)
+ * and m4-7 (high nibbles). */
+DX_T2 DX_INL void dx_k4_scales16(const uint8_t *q, kdec *o) {
+    uint32_t u[3], w[4];
+    memcpy(u, q, 12);
+    w[0] = u[0] & 0x3f3f3f3fu;                                               /* sc0-3 */
+    w[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);         /* sc4-7 */
+    w[2] = u[1] & 0x3f3f3f3fu;                                               /* m0-3 */
+    w[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* m4-7 */
+    const __m128i sm = _mm_loadu_si128((const __m128i *)w);                  /* sc0-7 | m0-7 bytes */
+    const __m128i s16 = _mm_cvtepu8_epi16(sm), m16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+    _mm256_store_si256((__m256i *)o->sc, _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16)));
+    _mm256_store_si256((__m256i *)o->mn, _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16)));
 }
 
 /* Decodes K super-block blk of type T into o (see the header comment). */
@@ -155,12 +161,7 @@ DX_T2 DX_INL void dx_superblock(const void *blk, const uint32_t T, int unsigned_
             _mm256_store_si256((__m256i *)(o->v + 64 * c + 32),
                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m15), _mm256_slli_epi16(h1, 4)));
         }
-        for (int j = 0; j < 8; j++) {
-            int s, m;
-            dx_k4_scale_min(j, b->scales, &s, &m);
-            o->sc[2 * j] = o->sc[2 * j + 1] = (int16_t)s;
-            o->mn[2 * j] = o->mn[2 * j + 1] = (int16_t)m;
-        }
+        dx_k4_scales16(b->scales, o);
         o->d = dx_f16(b->d);
         o->dmin = dx_f16(b->dmin);
         return;
@@ -172,11 +173,18 @@ DX_T2 DX_INL void dx_superblock(const void *blk, const uint32_t T, int unsigned_
         for (int ib = 0; ib < 8; ib++) {
             _mm256_store_si256((__m256i *)(o->v + 32 * ib), _mm256_shuffle_epi8(table, dx_nibbles32(b->qs + 16 * ib)));
         }
-        for (int j = 0; j < 8; j++) {
-            const int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b->scales_h >> (2 * j)) & 3) << 4);
-            o->sc[2 * j] = o->sc[2 * j + 1] = (int16_t)(ls - 32);
-            o->mn[2 * j] = o->mn[2 * j + 1] = (int16_t)(unsigned_values ? 128 * (ls - 32) : 0);
-        }
+        /* ls_j: low 4 bits = nibble j of scales_l (byte j/2), high 2 bits = bits 2j of scales_h */
+        uint32_t sl;
+        memcpy(&sl, b->scales_l, 4);
+        uint64_t hb = 0;
+        for (int j = 0; j < 8; j++) hb |= (uint64_t)((b->scales_h >> (2 * j)) & 3) << (8 * j + 4);
+        const __m128i lo = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(sl & 0x0f0f0f0fu)),
+                                             _mm_cvtsi32_si128((int)((sl >> 4) & 0x0f0f0f0fu)));
+        const __m128i ls = _mm_or_si128(lo, _mm_cvtsi64_si128((long long)hb));
+        const __m128i s16 = _mm_sub_epi16(_mm_cvtepu8_epi16(ls), _mm_set1_epi16(32));
+        const __m256i sc = _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16));
+        _mm256_store_si256((__m256i *)o->sc, sc);
+        _mm256_store_si256((__m256i *)o->mn, unsigned_values ? _mm256_slli_epi16(sc, 7) : _mm256_setzero_si256());
         o->d = dx_f16(b->d);
         o->dmin = unsigned_values ? o->d : 0.0f;
         return;

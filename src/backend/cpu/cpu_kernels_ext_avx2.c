@@ -75,50 +75,67 @@ T2 INL void mm32_avx2(const uint32_t T, const void *w, size_t w_nb1, const cpu_a
 
 /* ---- K super-blocks x Q8_K ------------------------------------------------------------------- */
 
+/* One weight row (nsb super-blocks) against NT activation rows from rt: chunk by chunk (32 values),
+ * the decoded weights and scales of a chunk in registers, one int32 accumulator per row. */
+T2 INL void mmK_tile_avx2(const uint32_t T, const uint8_t *row, size_t bsize, int64_t nsb, const cpu_act *act,
+                          int64_t rt, const int NT, float *dst, int64_t ds, int64_t o) {
+    const int signed_values = T == QUANT_TYPE_IQ4_XS;
+    const __m256i pair_lo_hi = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                                2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    __m256 acc[TILE];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
+    kdec dec;
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        dx_superblock(row + (size_t)sb * bsize, T, !signed_values, &dec);
+        const __m256i scv = _mm256_load_si256((const __m256i *)dec.sc);
+        __m256i isum[TILE];
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            const __m256i wv = _mm256_load_si256((const __m256i *)(dec.v + 32 * c));
+            const __m256i wabs = signed_values ? _mm256_sign_epi8(wv, wv) : wv;
+            /* int16 lanes 0-7 = sc[2c], 8-15 = sc[2c+1] (dword c of sc holds the pair) */
+            const __m256i sv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(scv, _mm256_set1_epi32(c)), pair_lo_hi);
+#pragma GCC unroll 8
+            for (int r = 0; r < NT; r++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(act->qs + (rt + r) * act->n_in + sb * QK_K + 32 * c));
+                const __m256i p = signed_values ? _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(x, wv))
+                                                : _mm256_maddubs_epi16(wv, x);
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, sv));
+            }
+        }
+        const __m256i mnv = _mm256_load_si256((const __m256i *)dec.mn);
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) {
+            const float dx = act->d[(rt + r) * (act->n_in / QK_K) + sb];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(dec.d * dx), acc[r]);
+            if (!signed_values) {
+                const int16_t *bs = act->bsums + (rt + r) * (act->n_in / 16) + sb * 16;
+                const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), mnv);
+                acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dec.dmin * dx), acc[r]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) dst[(rt + r) * ds + o] = hsum8_ext(acc[r]);
+}
+
 T2 INL void mmK_avx2(const uint32_t T, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
                      float *dst, int64_t ds, int64_t o0, int64_t o1) {
-    const int signed_values = T == QUANT_TYPE_IQ4_XS;
     const int64_t nsb = act->n_in / QK_K;
     const size_t bsize = quant_type_get(T)->type_size;
-    kdec dec;
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *row = (const uint8_t *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += TILE) {
             const int nt = r0 + nr - rt >= TILE ? TILE : (int)(r0 + nr - rt);
-            __m256 acc[TILE];
-            for (int r = 0; r < nt; r++) acc[r] = _mm256_setzero_ps();
-            for (int64_t sb = 0; sb < nsb; sb++) {
-                dx_superblock(row + (size_t)sb * bsize, T, !signed_values, &dec);
-                __m256i wv[8], wabs[8], sv[8];
-#pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) {
-                    wv[c] = _mm256_load_si256((const __m256i *)(dec.v + 32 * c));
-                    if (signed_values) wabs[c] = _mm256_sign_epi8(wv[c], wv[c]);
-                    sv[c] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(dec.sc[2 * c])),
-                                                    _mm_set1_epi16(dec.sc[2 * c + 1]), 1);
-                }
-                const __m256i mnv = _mm256_load_si256((const __m256i *)dec.mn);
-                for (int r = 0; r < nt; r++) {
-                    const int64_t rr = rt + r;
-                    const int8_t *xq = act->qs + rr * act->n_in + sb * QK_K;
-                    __m256i isum = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                    for (int c = 0; c < 8; c++) {
-                        const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * c));
-                        const __m256i p = signed_values ? _mm256_maddubs_epi16(wabs[c], _mm256_sign_epi8(x, wv[c]))
-                                                        : _mm256_maddubs_epi16(wv[c], x);
-                        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, sv[c]));
-                    }
-                    const float dx = act->d[rr * (act->n_in / QK_K) + sb];
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dec.d * dx), acc[r]);
-                    if (!signed_values) {
-                        const int16_t *bs = act->bsums + rr * (act->n_in / 16) + sb * 16;
-                        const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), mnv);
-                        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dec.dmin * dx), acc[r]);
-                    }
-                }
+            switch (nt) {
+#define C(N) case N: mmK_tile_avx2(T, row, bsize, nsb, act, rt, N, dst, ds, o); break;
+            C(1) C(2) C(3) C(4) C(5) C(6) C(7)
+#undef C
+            default: mmK_tile_avx2(T, row, bsize, nsb, act, rt, TILE, dst, ds, o); break;
             }
-            for (int r = 0; r < nt; r++) dst[(rt + r) * ds + o] = hsum8_ext(acc[r]);
         }
     }
 }

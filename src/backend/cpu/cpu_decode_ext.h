@@ -138,12 +138,18 @@ DX_T2 DX_INL void dx_superblock(const void *blk, const uint32_t T, int unsigned_
             o->dmin = dx_f16(b->dmin);
         } else {
             const block_q3_K *b = blk;
-            for (int j = 0; j < 16; j++) {
-                const int lo = j < 8 ? b->scales[j] & 0x0f : b->scales[j - 8] >> 4;
-                const int hi = (b->scales[8 + j % 4] >> (2 * (j / 4))) & 3;
-                o->sc[j] = (int16_t)((lo | (hi << 4)) - 32);
-                o->mn[j] = (int16_t)(4 * o->sc[j]);
-            }
+            /* the 16 six-bit scales with word operations: scale j's low 4 bits are the low (j < 8) or
+             * high nibble of byte j % 8, its high 2 bits bits 2 (j / 4) of byte 8 + j % 4 */
+            uint32_t u[3], w[4];
+            memcpy(u, b->scales, 12);
+            w[0] = (u[0] & 0x0f0f0f0fu) | ((u[2] & 0x03030303u) << 4);
+            w[1] = (u[1] & 0x0f0f0f0fu) | (((u[2] >> 2) & 0x03030303u) << 4);
+            w[2] = ((u[0] >> 4) & 0x0f0f0f0fu) | (((u[2] >> 4) & 0x03030303u) << 4);
+            w[3] = ((u[1] >> 4) & 0x0f0f0f0fu) | (((u[2] >> 6) & 0x03030303u) << 4);
+            const __m256i sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)w)),
+                                                _mm256_set1_epi16(32));
+            _mm256_store_si256((__m256i *)o->sc, sc);
+            _mm256_store_si256((__m256i *)o->mn, _mm256_slli_epi16(sc, 2));
             o->d = o->dmin = dx_f16(b->d);
         }
         return;

@@ -58,47 +58,62 @@ T512 INL void mm32_512(const uint32_t T, const void *w, size_t w_nb1, const cpu_
 
 /* ---- K super-blocks x Q8_K ------------------------------------------------------------------- */
 
+/* One weight row against NT activation rows from rt, chunk by chunk (64 values), one int32
+ * accumulator per row. */
+T512 INL void mmK_tile_512(const uint32_t T, const uint8_t *row, size_t bsize, int64_t nsb, const cpu_act *act,
+                           int64_t rt, const int NT, float *dst, int64_t ds, int64_t o) {
+    /* lane i of a 64-value chunk holds values 4i..4i+3: sub-block i / 4 of the chunk */
+    const __m512i sub_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc[TILE];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) acc[r] = _mm512_setzero_ps();
+    kdec dec;
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        dx_superblock(row + (size_t)sb * bsize, T, 1, &dec);
+        const __m512i sc32 = _mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i *)dec.sc)); /* [16] */
+        __m512i isum[TILE];
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) isum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m512i wv = _mm512_load_si512(dec.v + 64 * c);
+            const __m512i sv = _mm512_permutexvar_epi32(_mm512_add_epi32(sub_of_lane, _mm512_set1_epi32(4 * c)), sc32);
+#pragma GCC unroll 8
+            for (int r = 0; r < NT; r++) {
+                const int8_t *xq = act->qs + (rt + r) * act->n_in + sb * QK_K + 64 * c;
+                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(xq));
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(p, sv));
+            }
+        }
+        const __m256i mnv = _mm256_load_si256((const __m256i *)dec.mn);
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) {
+            const int16_t *bs = act->bsums + (rt + r) * (act->n_in / 16) + sb * 16;
+            const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), mnv);
+            const float dx = act->d[(rt + r) * (act->n_in / QK_K) + sb];
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_set1_ps(dec.d * dx), acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(msum)), _mm512_set1_ps(dec.dmin * dx),
+                                      acc[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) dst[(rt + r) * ds + o] = _mm512_reduce_add_ps(acc[r]);
+}
+
 T512 INL void mmK_512(const uint32_t T, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
                       float *dst, int64_t ds, int64_t o0, int64_t o1) {
     const int64_t nsb = act->n_in / QK_K;
     const size_t bsize = quant_type_get(T)->type_size;
-    /* lane i of a 64-value chunk holds values 4i..4i+3: sub-block i / 4 of the chunk */
-    const __m512i sub_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    kdec dec;
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *row = (const uint8_t *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += TILE) {
             const int nt = r0 + nr - rt >= TILE ? TILE : (int)(r0 + nr - rt);
-            __m512 acc[TILE];
-            for (int r = 0; r < nt; r++) acc[r] = _mm512_setzero_ps();
-            for (int64_t sb = 0; sb < nsb; sb++) {
-                dx_superblock(row + (size_t)sb * bsize, T, 1, &dec);
-                const __m512i sc32 = _mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i *)dec.sc)); /* [16] */
-                __m512i wv[4], sv[4];
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    wv[c] = _mm512_load_si512(dec.v + 64 * c);
-                    sv[c] = _mm512_permutexvar_epi32(_mm512_add_epi32(sub_of_lane, _mm512_set1_epi32(4 * c)), sc32);
-                }
-                const __m256i mnv = _mm256_load_si256((const __m256i *)dec.mn);
-                for (int r = 0; r < nt; r++) {
-                    const int64_t rr = rt + r;
-                    const int8_t *xq = act->qs + rr * act->n_in + sb * QK_K;
-                    __m512i isum = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                    for (int c = 0; c < 4; c++) {
-                        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[c], _mm512_loadu_si512(xq + 64 * c));
-                        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, sv[c]));
-                    }
-                    const int16_t *bs = act->bsums + rr * (act->n_in / 16) + sb * 16;
-                    const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), mnv);
-                    const float dx = act->d[rr * (act->n_in / QK_K) + sb];
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dec.d * dx), acc[r]);
-                    acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(msum)),
-                                              _mm512_set1_ps(dec.dmin * dx), acc[r]);
-                }
+            switch (nt) {
+#define C(N) case N: mmK_tile_512(T, row, bsize, nsb, act, rt, N, dst, ds, o); break;
+            C(1) C(2) C(3) C(4) C(5) C(6) C(7)
+#undef C
+            default: mmK_tile_512(T, row, bsize, nsb, act, rt, TILE, dst, ds, o); break;
             }
-            for (int r = 0; r < nt; r++) dst[(rt + r) * ds + o] = _mm512_reduce_add_ps(acc[r]);
         }
     }
 }

@@ -113,7 +113,9 @@ void dfl_context_free(dfl_context *ctx);
 
 /* Evaluates a batch: appends its tokens to their sequences' KV cache and computes logits for the
  * entries with output set. The batch is validated first (DFL_ERR_INVALID / DFL_ERR_CTX_FULL with
- * a message naming the entry); on any error nothing of the batch is applied. */
+ * a message naming the entry); on any error nothing of the batch is applied. Logits that are not
+ * finite (NaN or Inf: broken weights or activations that overflow) are DFL_ERR_FORMAT with a
+ * message naming the position and sequence; the batch is then rolled back. */
 dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err);
 /* Logits [n_vocab] of entry i of the last decoded batch; NULL if i had no output. */
 const float *dfl_get_logits(const dfl_context *ctx, int64_t i);

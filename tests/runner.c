@@ -101,6 +101,15 @@ int main(int argc, char **argv) {
         }
         if (n_filter < 64) filters[n_filter++] = argv[i];
     }
+    /* a filter that selects no test is a mistake (e.g. a stale name in the Makefile's TSan list) */
+    for (int i = 0; i < n_filter; i++) {
+        bool any = false;
+        for (size_t k = 0; k < n_tests && !any; k++) any = strstr(k_tests[k].name, filters[i]) != NULL;
+        if (!any) {
+            fprintf(stderr, "filter '%s' matches no test (--list shows them)\n", filters[i]);
+            return 2;
+        }
+    }
     int n_pass = 0, n_fail = 0, n_skip = 0;
     /* the skipped tests and their reasons, for the summary: a skip must never read as a pass */
     char *skips = NULL;

@@ -234,10 +234,14 @@ typedef struct mm_case {
 static const mm_case k_cases_32[] = {
     {32, 1, 1}, {64, 3, 2}, {96, 7, 3}, {256, 17, 7}, {512, 127, 16}, {1024, 129, 17},
     {1088, 1000, 1}, {96, 33, 33}, {2048, 64, 4}, {160, 129, 16}, {160, 9, 15}, {96, 5, 64},
+    /* n_in not a multiple of 32 (f32 / f16 / bf16 only): the SIMD tail loops of every level */
+    {33, 5, 3}, {47, 17, 7}, {72, 129, 16}, {33, 64, 17}, {47, 1, 1}, {1, 9, 2}, {15, 33, 6},
+    /* rows over several row blocks of the matmul driver (32 rows of f32, 96 of int8 at n_in 4096) */
+    {4096, 40, 100},
 };
 static const mm_case k_cases_256[] = {
     {256, 1, 1}, {256, 3, 2}, {512, 7, 3}, {768, 17, 7}, {1024, 127, 16}, {1280, 129, 17},
-    {512, 1000, 1}, {256, 33, 33}, {2048, 64, 4}, {768, 9, 15}, {512, 5, 64},
+    {512, 1000, 1}, {256, 33, 33}, {2048, 64, 4}, {768, 9, 15}, {512, 5, 64}, {4096, 40, 130},
 };
 
 /* Runs op_matmul on be; dst [n_out, n_rows] */
@@ -320,6 +324,7 @@ TEST(backend_matmul_quantized_path_exact) {
             const size_t n_cases = k256 ? sizeof(k_cases_256) / sizeof(mm_case) : sizeof(k_cases_32) / sizeof(mm_case);
             for (size_t ci = 0; ci < n_cases; ci++) {
                 const mm_case c = cases[ci];
+                if (c.n_in % quant_type_get(type)->blck_size != 0) continue;
                 const cpu_dot_type dot = cpu_dot_type_of(type);
                 const size_t bytes = cpu_act_bytes(dot, c.n_in, c.n_rows);
                 void *m1 = aligned_alloc(64, bytes), *m2 = aligned_alloc(64, bytes);
@@ -516,6 +521,18 @@ TEST(backend_op_rope_neox) {
         op = mkop(BACKEND_OP_ROPE_NEOX, d1, &x1, &p);
         op.f[0] = 10000.0f;
         check_light_op(t, "rope one token", &op, &a, nt, true, 0);
+        /* NORM pairing (i[1] = 1, arch llama): full and n_rot 96 with strided positions, in place */
+        p.nb[0] = 4;
+        op = mkop(BACKEND_OP_ROPE_NEOX, d, &x, &p);
+        op.f[0] = 500000.0f;
+        op.i[1] = 1;
+        check_light_op(t, "rope norm", &op, &a, nt, true, 0);
+        p.nb[0] = 16;
+        op = mkop(BACKEND_OP_ROPE_NEOX, x, &x, &p);
+        op.f[0] = 10000.0f;
+        op.i[0] = 96;
+        op.i[1] = 1;
+        check_light_op(t, "rope norm strided pos n_rot 96", &op, &a, nt, true, 0);
     }
     /* the reference against the closed form in f64 (small positions: the f32 angle recurrence is close) */
     float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
@@ -530,28 +547,44 @@ TEST(backend_op_rope_neox) {
         CHECK_NEAR(y[i], x[i] * cos(th) - x[i + 4] * sin(th), 1e-5);
         CHECK_NEAR(y[i + 4], x[i] * sin(th) + x[i + 4] * cos(th), 1e-5);
     }
+    /* NORM mode: pair i is (2i, 2i + 1), n_rot 6 of 8 (dims 6, 7 copied) */
+    op.i[0] = 6;
+    op.i[1] = 1;
+    cpu_op_rope_neox_ref(&op);
+    for (int i = 0; i < 3; i++) {
+        const double th = 5.0 * pow(10000.0, -2.0 * i / 6.0);
+        CHECK_NEAR(y[2 * i], x[2 * i] * cos(th) - x[2 * i + 1] * sin(th), 1e-5);
+        CHECK_NEAR(y[2 * i + 1], x[2 * i] * sin(th) + x[2 * i + 1] * cos(th), 1e-5);
+    }
+    CHECK(y[6] == x[6] && y[7] == x[7]);
     tv_arena_free(&a);
 }
 
-/* Attention: builds q, a KV cache view (capacity > n_kv, so strided), a mask; compares with the ref. */
-static void attn_case(test_ctx *t, rng *r, uint32_t kvtype, int64_t hd, int64_t nh, int64_t nh_kv, int64_t nq,
-                      int64_t n_kv, int mask_kind, int nt) {
+/* Attention: builds q, a KV cache view (capacity > n_kv, so strided), a mask; compares with the ref
+ * at one feature level. K and V may differ in type (f16 / f32): the mixed cases take the
+ * per-row path (dot_f16 / axpy_f16 kernels), F16 K and V the tiled one. */
+static void attn_case(test_ctx *t, rng *r, uint32_t ktype, uint32_t vtype, int64_t hd, int64_t nh, int64_t nh_kv,
+                      int64_t nq, int64_t n_kv, int mask_kind, int nt, int level) {
     const int64_t cap = n_kv + 5;
-    const size_t esz = kvtype == QUANT_TYPE_F16 ? 2 : 4;
+    const size_t ksz = ktype == QUANT_TYPE_F16 ? 2 : 4, vsz = vtype == QUANT_TYPE_F16 ? 2 : 4;
     float *q = malloc((size_t)(hd * nh * nq) * sizeof(float));
-    uint8_t *kc = malloc((size_t)(hd * nh_kv * cap) * esz), *vc = malloc((size_t)(hd * nh_kv * cap) * esz);
+    uint8_t *kc = malloc((size_t)(hd * nh_kv * cap) * ksz), *vc = malloc((size_t)(hd * nh_kv * cap) * vsz);
     float *mask = malloc((size_t)(n_kv * nq) * sizeof(float));
     float *out = malloc((size_t)(hd * nh * nq) * sizeof(float)), *ref = malloc((size_t)(hd * nh * nq) * sizeof(float));
     REQUIRE(q && kc && vc && mask && out && ref);
     fill_f32(r, q, hd * nh * nq, 2.0f);
     for (int64_t i = 0; i < hd * nh_kv * cap; i++) {
         const float kv = rng_f(r) * 2.0f, vv = rng_f(r);
-        if (esz == 2) {
-            uint16_t a = fp32_to_fp16(kv), b = fp32_to_fp16(vv);
+        if (ksz == 2) {
+            uint16_t a = fp32_to_fp16(kv);
             memcpy(kc + 2 * i, &a, 2);
-            memcpy(vc + 2 * i, &b, 2);
         } else {
             memcpy(kc + 4 * i, &kv, 4);
+        }
+        if (vsz == 2) {
+            uint16_t b = fp32_to_fp16(vv);
+            memcpy(vc + 2 * i, &b, 2);
+        } else {
             memcpy(vc + 4 * i, &vv, 4);
         }
     }
@@ -569,29 +602,29 @@ static void attn_case(test_ctx *t, rng *r, uint32_t kvtype, int64_t hd, int64_t 
     memset(&op, 0, sizeof(op));
     op.kind = BACKEND_OP_ATTENTION;
     op.src[0] = tensor_3d(QUANT_TYPE_F32, q, hd, nh, nq);
-    op.src[1] = tensor_3d(kvtype, kc, hd, nh_kv, n_kv);
-    op.src[2] = tensor_3d(kvtype, vc, hd, nh_kv, n_kv);
+    op.src[1] = tensor_3d(ktype, kc, hd, nh_kv, n_kv);
+    op.src[2] = tensor_3d(vtype, vc, hd, nh_kv, n_kv);
     op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, n_kv, nq);
     op.dst = tensor_3d(QUANT_TYPE_F32, ref, hd, nh, nq);
     REQUIRE(tv_view_check(t, &op.src[0], q, (size_t)(hd * nh * nq) * 4, "attention", "q") &&
-            tv_view_check(t, &op.src[1], kc, (size_t)(hd * nh_kv * cap) * esz, "attention", "k") &&
-            tv_view_check(t, &op.src[2], vc, (size_t)(hd * nh_kv * cap) * esz, "attention", "v") &&
+            tv_view_check(t, &op.src[1], kc, (size_t)(hd * nh_kv * cap) * ksz, "attention", "k") &&
+            tv_view_check(t, &op.src[2], vc, (size_t)(hd * nh_kv * cap) * vsz, "attention", "v") &&
             tv_view_check(t, &op.src[3], mask, (size_t)(n_kv * nq) * 4, "attention", "mask") &&
             tv_view_check(t, &op.dst, ref, (size_t)(hd * nh * nq) * 4, "attention", "dst"));
     cpu_op_attention_ref(&op);
     op.dst.data = out;
     memset(out, 0xff, (size_t)(hd * nh * nq) * sizeof(float));
-    backend *be = make_backend(nt, 2, false);
+    backend *be = make_backend(nt, level, false);
     REQUIRE(be);
     run_op(be, &op);
     backend_free(be);
-    char what[128];
-    snprintf(what, sizeof(what), "attention %s hd %lld nh %lld/%lld nq %lld n_kv %lld mask %d threads %d",
-             kvtype == QUANT_TYPE_F16 ? "f16" : "f32", (long long)hd, (long long)nh, (long long)nh_kv, (long long)nq,
-             (long long)n_kv, mask_kind, nt);
+    char what[160];
+    snprintf(what, sizeof(what), "attention %s k %s v %s hd %lld nh %lld/%lld nq %lld n_kv %lld mask %d threads %d",
+             k_level_names[level], ktype == QUANT_TYPE_F16 ? "f16" : "f32", vtype == QUANT_TYPE_F16 ? "f16" : "f32",
+             (long long)hd, (long long)nh, (long long)nh_kv, (long long)nq, (long long)n_kv, mask_kind, nt);
     /* f16 V: the probabilities are rounded to f16, where a last-bit difference of the scores can
      * flip one rounding: allow 2^-10 of |v| <= 1 */
-    close_enough(t, what, out, ref, hd * nh * nq, kvtype == QUANT_TYPE_F16 ? 1e-3 : 2e-6, 2e-5);
+    close_enough(t, what, out, ref, hd * nh * nq, vtype == QUANT_TYPE_F16 ? 1e-3 : 2e-6, 2e-5);
     if (mask_kind == 3) {
         for (int64_t i = 0; i < hd * nh; i++) CHECK_MSG(out[i] == 0.0f, "%s: fully masked row is not zero", what);
     }
@@ -600,15 +633,127 @@ static void attn_case(test_ctx *t, rng *r, uint32_t kvtype, int64_t hd, int64_t 
 
 TEST(backend_op_attention) {
     rng r = {8};
-    for (int nt = 1; nt <= 3; nt += 2) {
-        for (int mk = 0; mk < 4; mk++) {
-            attn_case(t, &r, QUANT_TYPE_F16, 64, 4, 2, 5, 37, mk, nt);
-            attn_case(t, &r, QUANT_TYPE_F32, 64, 4, 2, 5, 37, mk, nt);
+    const uint32_t F16 = QUANT_TYPE_F16, F32 = QUANT_TYPE_F32;
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        for (int nt = 1; nt <= 3; nt += 2) {
+            for (int mk = 0; mk < 4; mk++) {
+                attn_case(t, &r, F16, F16, 64, 4, 2, 5, 37, mk, nt, level);
+                attn_case(t, &r, F32, F32, 64, 4, 2, 5, 37, mk, nt, level);
+                attn_case(t, &r, F16, F32, 64, 4, 2, 5, 37, mk, nt, level);
+                attn_case(t, &r, F32, F16, 64, 4, 2, 5, 37, mk, nt, level);
+            }
+            attn_case(t, &r, F16, F16, 128, 16, 8, 1, 300, 0, nt, level);
+            attn_case(t, &r, F16, F16, 128, 16, 8, 17, 200, 1, nt, level);
+            attn_case(t, &r, F32, F32, 32, 3, 1, 7, 1, 0, nt, level);
+            attn_case(t, &r, F16, F16, 72, 6, 6, 3, 129, 2, nt, level);
+            /* head sizes off the SIMD widths: the tail loops of the score and value kernels */
+            static const int64_t hds[] = {33, 47, 72, 15};
+            for (int hi = 0; hi < 4; hi++) {
+                attn_case(t, &r, F16, F16, hds[hi], 4, 2, 9, 41, 1, nt, level);
+                attn_case(t, &r, F32, F32, hds[hi], 4, 2, 9, 41, 1, nt, level);
+                attn_case(t, &r, F16, F32, hds[hi], 4, 2, 9, 41, 3, nt, level);
+                attn_case(t, &r, F32, F16, hds[hi], 4, 2, 9, 41, 2, nt, level);
+            }
         }
-        attn_case(t, &r, QUANT_TYPE_F16, 128, 16, 8, 1, 300, 0, nt);
-        attn_case(t, &r, QUANT_TYPE_F16, 128, 16, 8, 17, 200, 1, nt);
-        attn_case(t, &r, QUANT_TYPE_F32, 32, 3, 1, 7, 1, 0, nt);
-        attn_case(t, &r, QUANT_TYPE_F16, 72, 6, 6, 3, 129, 2, nt);
+    }
+}
+
+/* A query row's attention output is bit-identical whether the row comes alone (decode) or inside a
+ * batch (verify, prefill), with causal and two-sequence masks: the kernel works on a prefix of the
+ * keys that depends on the batch (the last key any row of a tile sees), which must not change a
+ * single bit. */
+TEST(backend_attention_row_invariance) {
+    rng r = {16};
+    enum { HD = 64, NH = 8, NH_KV = 2, NQ = 21, PAST = 49, NKV = PAST + NQ };
+    static uint16_t kc[HD * NH_KV * NKV], vc[HD * NH_KV * NKV];
+    static float q[HD * NH * NQ], mask[NKV * NQ], out[HD * NH * NQ], one[HD * NH];
+    /* large scores: the exponentials span far more than 2^53, so the f64 sums of the softmax are
+     * inexact and their order matters */
+    fill_f32(&r, q, HD * NH * NQ, 8.0f);
+    for (int i = 0; i < HD * NH_KV * NKV; i++) {
+        kc[i] = fp32_to_fp16(rng_f(&r) * 2.0f);
+        vc[i] = fp32_to_fp16(rng_f(&r));
+    }
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        for (int mk = 0; mk < 2; mk++) {
+            for (int iq = 0; iq < NQ; iq++) {
+                for (int j = 0; j < NKV; j++) {
+                    bool vis = j <= PAST + iq;                                  /* causal */
+                    if (mk == 1) vis = vis && (j < PAST ? j % 3 != 0 : (j - PAST) % 2 == iq % 2); /* 2 seqs */
+                    mask[iq * NKV + j] = vis ? 0.0f : -INFINITY;
+                }
+            }
+            for (int nt = 1; nt <= 2; nt++) {
+                backend *be = make_backend(nt, level, false);
+                REQUIRE(be);
+                backend_op op;
+                memset(&op, 0, sizeof(op));
+                op.kind = BACKEND_OP_ATTENTION;
+                op.src[0] = tensor_3d(QUANT_TYPE_F32, q, HD, NH, NQ);
+                op.src[1] = tensor_3d(QUANT_TYPE_F16, kc, HD, NH_KV, NKV);
+                op.src[2] = tensor_3d(QUANT_TYPE_F16, vc, HD, NH_KV, NKV);
+                op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, NKV, NQ);
+                op.dst = tensor_3d(QUANT_TYPE_F32, out, HD, NH, NQ);
+                run_op(be, &op);
+                for (int iq = 0; iq < NQ; iq++) {
+                    op.src[0] = tensor_3d(QUANT_TYPE_F32, q + iq * HD * NH, HD, NH, 1);
+                    op.src[3] = tensor_2d(QUANT_TYPE_F32, mask + iq * NKV, NKV, 1);
+                    op.dst = tensor_3d(QUANT_TYPE_F32, one, HD, NH, 1);
+                    run_op(be, &op);
+                    CHECK_MSG(memcmp(one, out + iq * HD * NH, sizeof(one)) == 0,
+                              "attention %s mask %d threads %d: row %d alone differs from the batch",
+                              k_level_names[level], mk, nt, iq);
+                }
+                backend_free(be);
+            }
+        }
+    }
+}
+
+/* The f16 attention helpers (dot_f16, axpy_f16) of every level against the scalar ones on lengths
+ * around every SIMD width: a tail bug moves a result by O(1). */
+TEST(backend_f16_dot_axpy_kernels) {
+    rng r = {15};
+    static const int64_t lens[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 64, 72, 127, 129, 1000};
+    float x[1000], y1[1000], y2[1000];
+    uint16_t h[1000];
+    cpu_kernels kr;
+    cpu_kernels_init_ref(&kr);
+    for (int level = 1; level < 3; level++) {
+        if (!level_available(level)) continue;
+        cpu_kernels ks;
+        cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
+        for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+            const int64_t n = lens[li];
+            fill_f32(&r, x, n, 2.0f);
+            double mag = 0.0;
+            for (int64_t i = 0; i < n; i++) {
+                h[i] = fp32_to_fp16(rng_f(&r) * 3.0f);
+                mag += fabs((double)x[i] * fp16_to_fp32(h[i]));
+            }
+            /* dot: the same products, summed in another order */
+            const float d1 = ks.dot_f16(x, h, n), d2 = kr.dot_f16(x, h, n);
+            CHECK_MSG(isfinite(d1) && fabs((double)d1 - (double)d2) <= ldexp(1.0, -22) * (double)(n + 4) * mag,
+                      "dot_f16 %s n %lld: %.9g vs ref %.9g", k_level_names[level], (long long)n, d1, d2);
+            /* axpy: y += a * x elementwise (an fma may round once less) */
+            fill_f32(&r, y1, n, 1.0f);
+            memcpy(y2, y1, (size_t)n * sizeof(float));
+            const float a = rng_f(&r) * 1.5f;
+            ks.axpy_f16(y1, a, h, n);
+            kr.axpy_f16(y2, a, h, n);
+            char what[64];
+            snprintf(what, sizeof(what), "axpy_f16 %s n %lld", k_level_names[level], (long long)n);
+            close_enough(t, what, y1, y2, n, 1e-6, 1e-6);
+            /* only [0, n) is written */
+            for (int64_t i = 0; i < n; i++) y1[i] = 0.0f;
+            if (n < 1000) {
+                y1[n] = 123.0f;
+                ks.axpy_f16(y1, a, h, n);
+                CHECK_MSG(y1[n] == 123.0f, "%s: wrote past n", what);
+            }
+        }
     }
 }
 
@@ -965,7 +1110,9 @@ TEST(backend_op_validation_messages) {
  * speculative verify batch must reproduce single-token decoding bit for bit). */
 TEST(backend_matmul_batch_invariant) {
     rng r = {2024};
-    enum { N_IN = 1024, N_OUT = 67, N_ROWS = 21 };
+    /* n_in 4096: a row block of the matmul driver is 32 (f32 activations) or 96 (int8) rows, so
+     * 140 rows cross several row blocks */
+    enum { N_IN = 4096, N_OUT = 67, N_ROWS = 140 };
     static float x[N_IN * N_ROWS], y_all[N_OUT * N_ROWS], y_one[N_OUT];
     fill_f32(&r, x, N_IN * N_ROWS, 2.0f);
     for (int level = 0; level < 3; level++) {
@@ -977,8 +1124,8 @@ TEST(backend_matmul_batch_invariant) {
             void *w = make_weight(&r, type, N_IN, N_OUT);
             REQUIRE(w);
             mm_run(be, type, w, N_IN, N_OUT, x, N_ROWS, y_all);
-            const int rows_to_check[4] = {0, 5, 16, 20};
-            for (int i = 0; i < 4; i++) {
+            const int rows_to_check[9] = {0, 5, 16, 31, 32, 95, 96, 100, 139};
+            for (int i = 0; i < 9; i++) {
                 const int row = rows_to_check[i];
                 mm_run(be, type, w, N_IN, N_OUT, x + row * N_IN, 1, y_one);
                 CHECK_MSG(memcmp(y_one, y_all + row * N_OUT, sizeof(y_one)) == 0,
@@ -1068,5 +1215,67 @@ TEST(backend_softmax_kernels) {
             k.softmax_row(p, s, n);
             for (int64_t i = 0; i < n; i++) CHECK(p[i] == 0.0f);
         }
+    }
+}
+
+/* A NaN or +Inf score is never hidden (a broken weight must reach the logits, where decoding
+ * reports it): the softmax row is NaN for the reference and every kernel level, and so is the
+ * attention output of that head; an all -Inf row still gives zeros. */
+TEST(backend_nonfinite_scores_propagate) {
+    rng r = {41};
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        cpu_kernels k;
+        cpu_kernels_select(&k, cpu_features_detect() & ~level_disable(level));
+        const int64_t sizes[4] = {1, 7, 17, 300};
+        for (int si = 0; si < 4; si++) {
+            const int64_t n = sizes[si];
+            for (int bad = 0; bad < 2; bad++) {
+                float s[300], p[300];
+                for (int64_t i = 0; i < n; i++) s[i] = rng_f(&r) * 10.0f;
+                s[n / 2] = bad ? INFINITY : NAN;
+                for (int impl = 0; impl < 2; impl++) {
+                    if (impl == 0) cpu_softmax_row_ref(p, s, n);
+                    else k.softmax_row(p, s, n);
+                    for (int64_t i = 0; i < n; i++) {
+                        CHECK_MSG(isnan(p[i]), "%s %s n %lld %s: p[%lld] = %g", impl ? "kernel" : "ref", k_level_names[level],
+                                  (long long)n, bad ? "inf" : "nan", (long long)i, p[i]);
+                    }
+                }
+            }
+        }
+    }
+    for (int f16 = 0; f16 < 2; f16++) {
+        const int64_t hd = 64, nh = 4, nh_kv = 2, nq = 17, n_kv = 200;
+        const size_t esz = f16 ? 2 : 4;
+        float *q = calloc((size_t)(hd * nh * nq), sizeof(float)), *mask = calloc((size_t)(n_kv * nq), sizeof(float));
+        float *out = malloc((size_t)(hd * nh * nq) * sizeof(float));
+        uint8_t *kc = calloc((size_t)(hd * nh_kv * n_kv), esz), *vc = calloc((size_t)(hd * nh_kv * n_kv), esz);
+        REQUIRE(q && mask && out && kc && vc);
+        fill_f32(&r, q, hd * nh * nq, 1.0f);
+        q[5] = NAN; /* head 0 of query 0 */
+        backend_op op;
+        memset(&op, 0, sizeof(op));
+        op.kind = BACKEND_OP_ATTENTION;
+        op.src[0] = tensor_3d(QUANT_TYPE_F32, q, hd, nh, nq);
+        op.src[1] = tensor_3d(f16 ? QUANT_TYPE_F16 : QUANT_TYPE_F32, kc, hd, nh_kv, n_kv);
+        op.src[2] = tensor_3d(f16 ? QUANT_TYPE_F16 : QUANT_TYPE_F32, vc, hd, nh_kv, n_kv);
+        op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, n_kv, nq);
+        op.dst = tensor_3d(QUANT_TYPE_F32, out, hd, nh, nq);
+        for (int path = 0; path < 4; path++) {
+            memset(out, 0, (size_t)(hd * nh * nq) * sizeof(float));
+            if (path == 0) {
+                cpu_op_attention_ref(&op);
+            } else {
+                if (!level_available(path - 1)) continue;
+                backend *be = make_backend(1, path - 1, false);
+                REQUIRE(be);
+                run_op(be, &op);
+                backend_free(be);
+            }
+            for (int64_t i = 0; i < hd; i++) CHECK_MSG(isnan(out[i]), "f16 %d path %d: out[%lld] = %g", f16, path, (long long)i, out[i]);
+            for (int64_t i = hd; i < hd * nh * nq; i++) CHECK(!isnan(out[i]));
+        }
+        free(q); free(mask); free(out); free(kc); free(vc);
     }
 }

@@ -1,6 +1,7 @@
 /* test_forward.c: the target forward pass against the independent numpy reference
  * (tests/ref/ref_cli.py), batch-composition invariance, several sequences, and bad input that
- * must leave the other sequences untouched. */
+ * must leave the other sequences untouched. The numpy budgets are 3-5x the errors measured
+ * (AVX-512 build; the kernels of every level match their scalar references far more closely). */
 #include "test.h"
 #include "test_util.h"
 
@@ -87,29 +88,31 @@ TEST(forward_numpy_llama) {
     if (!tu_have_numpy(t)) return;
     double e = compare_with_numpy_arch(t, "f32", "llama", true, 64);
     printf("    llama arch (no qk-norm, NORM rope pairing), f32: max rel err %.3g\n", e);
-    CHECK_MSG(e >= 0 && e < 1e-4, "relative error %.3g >= 1e-4", e);
+    CHECK_MSG(e >= 0 && e < 4e-7, "relative error %.3g >= 4e-7", e);
 }
 
 TEST(forward_numpy_f32) {
     if (!tu_have_numpy(t)) return;
     double e = compare_with_numpy(t, "f32", true, 64);
     printf("    forward f32 weights, f32 KV: max rel err %.3g\n", e);
-    CHECK_MSG(e >= 0 && e < 1e-4, "relative error %.3g >= 1e-4", e);
+    CHECK_MSG(e >= 0 && e < 5e-7, "relative error %.3g >= 5e-7", e);
     e = compare_with_numpy(t, "f32", true, 7); /* several micro-batches through the KV cache */
-    CHECK_MSG(e >= 0 && e < 1e-4, "relative error %.3g >= 1e-4 (micro-batches of 7)", e);
+    printf("    forward f32 weights, f32 KV, micro-batches of 7: max rel err %.3g\n", e);
+    CHECK_MSG(e >= 0 && e < 5e-7, "relative error %.3g >= 5e-7 (micro-batches of 7)", e);
 }
 
 TEST(forward_numpy_f16_kv) {
     if (!tu_have_numpy(t)) return;
     double e = compare_with_numpy(t, "f32", false, 64);
     printf("    forward f32 weights, f16 KV: max rel err %.3g\n", e);
-    CHECK_MSG(e >= 0 && e < 5e-3, "relative error %.3g", e);
+    CHECK_MSG(e >= 0 && e < 6e-4, "relative error %.3g >= 6e-4", e);
 }
 
 TEST(forward_numpy_quantized) {
     if (!tu_have_numpy(t)) return;
     const char *types[] = {"f16", "bf16", "q8_0", "q4_0"};
-    const double budget[] = {5e-3, 3e-2, 3e-2, 1e-1};
+    /* about 4x the errors measured (f16 2.5e-4, bf16 1.6e-3, q8_0 5.0e-3, q4_0 4.7e-3) */
+    const double budget[] = {1e-3, 6e-3, 2e-2, 2e-2};
     for (int i = 0; i < 4; i++) {
         double e = compare_with_numpy(t, types[i], false, 64);
         printf("    forward %s weights, f16 KV: max rel err %.3g\n", types[i], e);

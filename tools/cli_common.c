@@ -2,11 +2,20 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cli_common.h"
 
+#include "model/model.h"
+#include "gguf/gguf.h"
+
 #include <errno.h>
+#include <math.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+extern char **environ;
 
 #ifndef DFLASH_MODEL_DIR
 #define DFLASH_MODEL_DIR "models"
@@ -33,8 +42,10 @@ void cli_opts_default(cli_opts *o) {
     o->seed = 0;
     o->features = DFL_FEATURES_DEVICE;
     o->n_seq = 1;
-    const char *env = getenv("DFLASH_FEATURES");
-    if (env != NULL && strcmp(env, "host") == 0) o->features = DFL_FEATURES_HOST;
+    /* DFLASH_FEATURES: the default of --features; checked like it (cli_session_open refuses a
+     * bad value) */
+    o->features_env = getenv("DFLASH_FEATURES");
+    if (o->features_env != NULL && strcmp(o->features_env, "host") == 0) o->features = DFL_FEATURES_HOST;
 }
 
 const char *cli_default_model_dir(void) {
@@ -51,10 +62,26 @@ static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     return true;
 }
 
+/* The full unsigned 64-bit range (no sign: strtoull would wrap "-1"). */
+static bool parse_u64(const char *s, uint64_t *out) {
+    char *end = NULL;
+    const char *p = s;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p == '-') return false;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0') return false;
+    *out = (uint64_t)v;
+    return true;
+}
+
+/* A float in [lo, hi]. A value too small for a normal float (strtof: ERANGE on underflow) is
+ * taken as the subnormal or zero strtof returns; NaN, Inf and overflow are refused. */
 static bool parse_f(const char *s, float lo, float hi, float *out) {
     char *end = NULL;
     errno = 0;
     float v = strtof(s, &end);
+    if (errno == ERANGE && isfinite(v) && fabsf(v) < 1.0f) errno = 0; /* underflow */
     if (errno != 0 || end == s || *end != '\0' || !(v >= lo && v <= hi)) return false;
     *out = v;
     return true;
@@ -77,45 +104,46 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
         fprintf(stderr, "dflash %s: invalid value '%s' for %s (%s)\n", cmd, v, a, what); \
         return -1;                                                                     \
     } while (0)
+/* an integer option in [lo, hi]; the message states the same limits */
+#define INT_OPT(lo, hi, dst)                                                           \
+    do {                                                                               \
+        NEED_VALUE();                                                                  \
+        if (!parse_i64(v, (lo), (hi), &iv)) {                                          \
+            fprintf(stderr, "dflash %s: invalid value '%s' for %s (an integer in %lld..%lld)\n", cmd, v, a, \
+                    (long long)(lo), (long long)(hi));                                 \
+            return -1;                                                                 \
+        }                                                                              \
+        (dst) = iv;                                                                    \
+        return 1;                                                                      \
+    } while (0)
+#define FLOAT_OPT(lo, hi, dst, what)                                                   \
+    do {                                                                               \
+        NEED_VALUE();                                                                  \
+        if (!parse_f(v, (lo), (hi), &(dst))) BAD(what);                                \
+        return 1;                                                                      \
+    } while (0)
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEED_VALUE(); o->model = v; return 1; }
     if (!strcmp(a, "-md") || !strcmp(a, "--model-draft")) { NEED_VALUE(); o->draft = v; return 1; }
     if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEED_VALUE(); o->prompt = v; return 1; }
-    if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-        NEED_VALUE(); if (!parse_i64(v, 0, 1 << 24, &iv)) BAD("0..16777216"); o->n_predict = iv; return 1;
-    }
-    if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-        NEED_VALUE(); if (!parse_i64(v, 16, 1 << 24, &iv)) BAD("16..16777216"); o->n_ctx = iv; return 1;
-    }
-    if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
-        NEED_VALUE(); if (!parse_i64(v, 1, 1 << 16, &iv)) BAD("1..65536"); o->n_batch = iv; return 1;
-    }
-    if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-        NEED_VALUE(); if (!parse_i64(v, 1, 1024, &iv)) BAD("1..1024"); o->n_threads = (int32_t)iv; return 1;
-    }
-    if (!strcmp(a, "-tb") || !strcmp(a, "--threads-batch")) {
-        NEED_VALUE(); if (!parse_i64(v, 1, 1024, &iv)) BAD("1..1024"); o->n_threads_batch = (int32_t)iv; return 1;
-    }
-    if (!strcmp(a, "--temp")) { NEED_VALUE(); if (!parse_f(v, 0.0f, 100.0f, &o->temp)) BAD("0..100"); return 1; }
-    if (!strcmp(a, "--top-k")) {
-        NEED_VALUE(); if (!parse_i64(v, 0, 1 << 30, &iv)) BAD(">= 0"); o->top_k = (int32_t)iv; return 1;
-    }
-    if (!strcmp(a, "--top-p")) { NEED_VALUE(); if (!parse_f(v, 0.0f, 1.0f, &o->top_p)) BAD("0..1"); return 1; }
-    if (!strcmp(a, "--min-p")) { NEED_VALUE(); if (!parse_f(v, 0.0f, 1.0f, &o->min_p)) BAD("0..1"); return 1; }
-    if (!strcmp(a, "--repeat-penalty")) {
-        NEED_VALUE(); if (!parse_f(v, 0.01f, 100.0f, &o->repeat_penalty)) BAD("0.01..100"); return 1;
-    }
+    if (!strcmp(a, "-f") || !strcmp(a, "--file")) { NEED_VALUE(); o->prompt_file = v; return 1; }
+    if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) INT_OPT(0, 1 << 24, o->n_predict);
+    if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) INT_OPT(16, 1 << 24, o->n_ctx);
+    if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) INT_OPT(1, 1 << 16, o->n_batch);
+    if (!strcmp(a, "-t") || !strcmp(a, "--threads")) INT_OPT(1, 1024, o->n_threads);
+    if (!strcmp(a, "-tb") || !strcmp(a, "--threads-batch")) INT_OPT(1, 1024, o->n_threads_batch);
+    if (!strcmp(a, "--temp")) FLOAT_OPT(0.0f, 100.0f, o->temp, "a number in 0..100");
+    if (!strcmp(a, "--top-k")) INT_OPT(0, 1 << 30, o->top_k);
+    if (!strcmp(a, "--top-p")) FLOAT_OPT(0.0f, 1.0f, o->top_p, "a number in 0..1");
+    if (!strcmp(a, "--min-p")) FLOAT_OPT(0.0f, 1.0f, o->min_p, "a number in 0..1");
+    if (!strcmp(a, "--repeat-penalty")) FLOAT_OPT(0.01f, 100.0f, o->repeat_penalty, "a number in 0.01..100");
     if (!strcmp(a, "--seed") || !strcmp(a, "-s")) {
-        NEED_VALUE(); if (!parse_i64(v, 0, INT64_MAX, &iv)) BAD(">= 0"); o->seed = (uint64_t)iv; return 1;
+        NEED_VALUE();
+        if (!parse_u64(v, &o->seed)) BAD("an integer in 0..18446744073709551615");
+        return 1;
     }
-    if (!strcmp(a, "--draft-max") || !strcmp(a, "--draft")) {
-        NEED_VALUE(); if (!parse_i64(v, 1, 63, &iv)) BAD("1..63"); o->draft_max = (int32_t)iv; return 1;
-    }
-    if (!strcmp(a, "--draft-min")) {
-        NEED_VALUE(); if (!parse_i64(v, 0, 63, &iv)) BAD("0..63"); o->draft_min = (int32_t)iv; return 1;
-    }
-    if (!strcmp(a, "--draft-p-min")) {
-        NEED_VALUE(); if (!parse_f(v, 0.0f, 1.0f, &o->draft_p_min)) BAD("0..1"); return 1;
-    }
+    if (!strcmp(a, "--draft-max") || !strcmp(a, "--draft")) INT_OPT(1, 63, o->draft_max);
+    if (!strcmp(a, "--draft-min")) INT_OPT(0, 63, o->draft_min);
+    if (!strcmp(a, "--draft-p-min")) FLOAT_OPT(0.0f, 1.0f, o->draft_p_min, "a number in 0..1");
     if (!strcmp(a, "--features")) {
         NEED_VALUE();
         if (!strcmp(v, "host")) o->features = DFL_FEATURES_HOST;
@@ -130,9 +158,7 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
         else BAD("host or device");
         return 1;
     }
-    if (!strcmp(a, "--feature-buffer-max")) {
-        NEED_VALUE(); if (!parse_i64(v, 0, INT64_MAX, &iv)) BAD("bytes >= 0"); o->feature_buffer_max = iv; return 1;
-    }
+    if (!strcmp(a, "--feature-buffer-max")) INT_OPT(0, INT64_MAX, o->feature_buffer_max);
     if (!strcmp(a, "--device")) {
         NEED_VALUE();
         if (!strcmp(v, "cpu")) o->device = DFL_DEVICE_CPU;
@@ -140,9 +166,7 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
         else BAD("cpu or cuda");
         return 1;
     }
-    if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) {
-        NEED_VALUE(); if (!parse_i64(v, 1, 64, &iv)) BAD("1..64"); o->n_seq = (int32_t)iv; return 1;
-    }
+    if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) INT_OPT(1, 64, o->n_seq);
     if (!strcmp(a, "--chat")) { o->chat = true; return 1; }
     if (!strcmp(a, "--json")) { o->json = true; return 1; }
     if (!strcmp(a, "--no-spec")) { o->no_spec = true; return 1; }
@@ -150,6 +174,8 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { o->verbose = true; return 1; }
 #undef NEED_VALUE
 #undef BAD
+#undef INT_OPT
+#undef FLOAT_OPT
     return 0;
 }
 
@@ -158,6 +184,7 @@ void cli_print_common_help(FILE *out) {
             "  -m, --model PATH        target model (GGUF, qwen3/llama); default: the embedded pair in %s\n"
             "  -md, --model-draft PATH DFlash drafter (GGUF, arch dflash): speculative decoding\n"
             "  -p, --prompt TEXT       prompt\n"
+            "  -f, --file PATH         read the prompt from a file (bytes as they are; instead of -p)\n"
             "  -n, --n-predict N       tokens to generate (default 128)\n"
             "  -c, --ctx-size N        context positions per sequence (default 4096)\n"
             "  -b, --batch-size N      prompt batch size (default 512)\n"
@@ -193,49 +220,68 @@ static void progress(bool show, const char *what, double frac) {
     fflush(stderr);
 }
 
-/* Touches every page of the file mapping (so the first tokens are not timed page faults),
- * with a progress bar. */
-static void warm_pages(const char *path, bool show, const char *what) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    static char buf[1 << 20];
-    long done = 0;
-    size_t n;
+/* Touches every page of a loaded model's file mapping (so the first tokens are not timed page
+ * faults), with a progress bar. The model is loaded first: its file is known to be a regular,
+ * mapped GGUF (a FIFO or /dev/zero is refused by the loader, never read here). */
+static void warm_pages(const dfl_model *m, bool show, const char *what) {
+    const gguf_file *f = model_gguf(m);
+    const volatile uint8_t *p = gguf_file_data(f);
+    const uint64_t size = gguf_file_size(f);
+    if (p == NULL || size == 0) return;
+    const uint64_t page = 4096, step = (uint64_t)1 << 20;
+    uint8_t acc = 0;
     int last = -1;
-    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) {
-        done += (long)n;
-        int pct = size > 0 ? (int)(100.0 * (double)done / (double)size) : 100;
+    for (uint64_t off = 0; off < size; off += step) {
+        const uint64_t end = off + step < size ? off + step : size;
+        for (uint64_t q = off; q < end; q += page) acc ^= p[q];
+        const int pct = (int)(100.0 * (double)end / (double)size);
         if (pct != last) {
-            progress(show, what, size > 0 ? (double)done / (double)size : 1.0);
+            progress(show, what, (double)end / (double)size);
             last = pct;
         }
     }
-    if (last != 100) progress(show, what, 1.0);
-    fclose(f);
+    (void)acc;
+}
+
+bool cli_path_join(char *buf, size_t cap, const char *dir, const char *name, const char *cmd) {
+    const int n = snprintf(buf, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap) {
+        fprintf(stderr, "dflash %s: path too long (%zu bytes; the limit is %zu): %.80s...\n", cmd,
+                strlen(dir) + 1 + strlen(name), cap - 1, dir);
+        return false;
+    }
+    return true;
+}
+
+int cli_check_env(const cli_opts *o, const char *cmd) {
+    const char *v = o->features_env;
+    if (v != NULL && strcmp(v, "host") != 0 && strcmp(v, "device") != 0) {
+        fprintf(stderr, "dflash %s: invalid value '%s' for DFLASH_FEATURES (host or device)\n", cmd, v);
+        return 2;
+    }
+    return 0;
 }
 
 int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
     memset(s, 0, sizeof(*s));
-    static char tpath[4096], dpath[4096];
+    const int env_rc = cli_check_env(o, cmd);
+    if (env_rc != 0) return env_rc;
     if (o->model == NULL) {
-        snprintf(tpath, sizeof(tpath), "%s/target.gguf", cli_default_model_dir());
-        o->model = tpath;
+        if (!cli_path_join(s->tpath, sizeof(s->tpath), cli_default_model_dir(), "target.gguf", cmd)) return 1;
+        o->model = s->tpath;
         if (o->draft == NULL) {
-            snprintf(dpath, sizeof(dpath), "%s/drafter.gguf", cli_default_model_dir());
-            o->draft = dpath;
+            if (!cli_path_join(s->dpath, sizeof(s->dpath), cli_default_model_dir(), "drafter.gguf", cmd)) return 1;
+            o->draft = s->dpath;
         }
     }
     const bool bar = !quiet && isatty(2);
     dfl_error err = {0};
-    warm_pages(o->model, bar, "target");
     s->target = dfl_model_load(o->model, NULL, &err);
     if (s->target == NULL) {
         fprintf(stderr, "dflash %s: %s\n", cmd, err.msg);
         return 1;
     }
+    warm_pages(s->target, bar, "target");
     if (dfl_model_hparams(s->target)->arch == DFL_ARCH_DFLASH) {
         fprintf(stderr, "dflash %s: %s is a DFlash drafter; pass it with -md and a target with -m\n", cmd, o->model);
         return 1;
@@ -247,12 +293,12 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
     }
     const bool spec = o->draft != NULL && !o->no_spec;
     if (spec) {
-        warm_pages(o->draft, bar, "drafter");
         s->drafter = dfl_model_load(o->draft, NULL, &err);
         if (s->drafter == NULL) {
             fprintf(stderr, "dflash %s: %s\n", cmd, err.msg);
             return 1;
         }
+        warm_pages(s->drafter, bar, "drafter");
         if (dfl_model_hparams(s->drafter)->arch != DFL_ARCH_DFLASH) {
             fprintf(stderr, "dflash %s: %s is not a DFlash drafter (arch %s)\n", cmd, o->draft,
                     dfl_arch_name(dfl_model_hparams(s->drafter)->arch));
@@ -340,11 +386,41 @@ void cli_session_close(cli_session *s) {
     memset(s, 0, sizeof(*s));
 }
 
+int64_t cli_tokenize(const dfl_vocab *v, const char *text, size_t len, bool add_special, bool parse_special,
+                     int32_t **tokens) {
+    *tokens = NULL;
+    /* the count query (tokens NULL, n_max 0) gives the exact length: one convention for every
+     * caller, whatever NFC or special tokens do to the text's length */
+    int64_t n = dfl_tokenize(v, text, len, NULL, 0, add_special, parse_special);
+    if (n == DFL_VOCAB_FAIL) return DFL_VOCAB_FAIL;
+    const int64_t need = n < 0 ? -n : n;
+    *tokens = malloc((size_t)(need > 0 ? need : 1) * sizeof(int32_t));
+    if (*tokens == NULL) return DFL_VOCAB_FAIL;
+    n = dfl_tokenize(v, text, len, *tokens, need, add_special, parse_special);
+    if (n != need) {
+        free(*tokens);
+        *tokens = NULL;
+        return DFL_VOCAB_FAIL;
+    }
+    return n;
+}
+
 int64_t cli_tokenize_prompt(const cli_session *s, const cli_opts *o, const char *text, int32_t **tokens,
                             const char *cmd) {
+    return cli_tokenize_prompt_n(s, o, text, strlen(text), tokens, cmd);
+}
+
+int64_t cli_tokenize_prompt_n(const cli_session *s, const cli_opts *o, const char *text, size_t text_len,
+                              int32_t **tokens, const char *cmd) {
     char *rendered = NULL;
     const char *src = text;
+    size_t len = text_len;
+    *tokens = NULL;
     if (o->chat) {
+        if (memchr(text, '\0', text_len) != NULL) {
+            fprintf(stderr, "dflash %s: --chat: the prompt contains a NUL byte\n", cmd);
+            return -1;
+        }
         dfl_chat_msg msg = {"user", text, NULL};
         dfl_error err = {0};
         int64_t n = dfl_chat_render(s->vocab, &msg, 1, true, false, NULL, 0, &err);
@@ -360,16 +436,13 @@ int64_t cli_tokenize_prompt(const cli_session *s, const cli_opts *o, const char 
             return -1;
         }
         src = rendered;
+        len = strlen(rendered);
     }
-    const size_t len = strlen(src);
-    int64_t n_max = 3 * (int64_t)len + 2; /* NFC can lengthen text up to 3x */
-    *tokens = malloc((size_t)n_max * sizeof(int32_t));
-    int64_t n = *tokens ? dfl_tokenize(s->vocab, src, len, *tokens, n_max, true, o->chat) : DFL_VOCAB_FAIL;
+    int64_t n = cli_tokenize(s->vocab, src, len, true, o->chat, tokens);
     free(rendered);
-    if (n == DFL_VOCAB_FAIL || n < 0) {
-        fprintf(stderr, "dflash %s: tokenization failed\n", cmd);
-        free(*tokens);
-        *tokens = NULL;
+    if (n == DFL_VOCAB_FAIL) {
+        fprintf(stderr, "dflash %s: tokenization failed (%s)\n", cmd,
+                len > (size_t)INT32_MAX ? "the prompt is longer than 2 GiB" : "out of memory");
         return -1;
     }
     if (n == 0) {
@@ -379,4 +452,155 @@ int64_t cli_tokenize_prompt(const cli_session *s, const cli_opts *o, const char 
         return -1;
     }
     return n;
+}
+
+char *cli_read_file(const char *path, size_t *len, const char *cmd) {
+    *len = 0;
+    /* not a regular file (a FIFO, /dev/stdin): read as a stream, no blocking surprise at open
+     * beyond what the user asked for; a directory is refused */
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        fprintf(stderr, "dflash %s: cannot open %s: %s\n", cmd, path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "dflash %s: %s is a directory\n", cmd, path);
+        fclose(f);
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    bool ok = buf != NULL;
+    while (ok) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        if (cap >= CLI_MAX_FILE) {
+            fprintf(stderr, "dflash %s: %s is larger than %d MiB\n", cmd, path, CLI_MAX_FILE >> 20);
+            fclose(f);
+            free(buf);
+            return NULL;
+        }
+        char *nb = realloc(buf, cap * 2 + 1);
+        if (nb == NULL) ok = false;
+        else {
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (!ok || ferror(f)) {
+        fprintf(stderr, "dflash %s: cannot read %s: %s\n", cmd, path, ok ? strerror(errno) : "out of memory");
+        fclose(f);
+        free(buf);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+int cli_check_fit(const cli_session *s, int64_t n_prompt, int64_t n_predict, const char *cmd) {
+    /* the speculative path keeps a verification block free after the last position: a step
+     * needs room for n_draft + 1 entries */
+    const int64_t reserve = s->spec != NULL ? (int64_t)dfl_spec_n_draft(s->spec) + 1 : 0;
+    const int64_t need = n_prompt + n_predict + reserve, n_ctx = dfl_n_ctx(s->tctx);
+    if (need <= n_ctx) return 0;
+    if (reserve > 0) {
+        fprintf(stderr, "dflash %s: prompt (%lld tokens) + %lld to generate + %lld kept free for a verification block "
+                "(draft length %lld + 1) do not fit the context of %lld: use -c %lld or more\n", cmd,
+                (long long)n_prompt, (long long)n_predict, (long long)reserve, (long long)(reserve - 1), (long long)n_ctx,
+                (long long)need);
+    } else {
+        fprintf(stderr, "dflash %s: prompt (%lld tokens) + %lld to generate do not fit the context of %lld: use -c %lld "
+                "or more\n", cmd, (long long)n_prompt, (long long)n_predict, (long long)n_ctx, (long long)need);
+    }
+    return 1;
+}
+
+int cli_finish_output(int rc, const char *cmd) {
+    errno = 0;
+    int e = fflush(stdout) != 0 ? errno : 0;
+    const bool failed = ferror(stdout) || e != 0;
+    if (fclose(stdout) != 0 && e == 0) e = errno;
+    if (!failed && e == 0) return rc;
+    if (rc == 0) {
+        fprintf(stderr, "dflash %s: cannot write output: %s\n", cmd, e != 0 ? strerror(e) : "a write to standard output failed");
+        return 1;
+    }
+    return rc;
+}
+
+int cli_spawn_capture(char *const argv[], char *out, size_t cap, const char *cmd) {
+    int fds[2];
+    if (cap == 0 || pipe(fds) != 0) {
+        fprintf(stderr, "dflash %s: cannot create a pipe: %s\n", cmd, strerror(errno));
+        return -1;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    posix_spawn_file_actions_addclose(&fa, fds[1]);
+    pid_t pid;
+    const int e = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    if (e != 0) {
+        close(fds[0]);
+        fprintf(stderr, "dflash %s: cannot run %s: %s\n", cmd, argv[0], strerror(e));
+        return -1;
+    }
+    size_t n = 0;
+    for (;;) {
+        char tmp[4096];
+        const ssize_t r = read(fds[0], tmp, sizeof(tmp));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        /* keep the first cap - 1 bytes; read on so the child never blocks on a full pipe */
+        const size_t k = n + (size_t)r < cap - 1 ? (size_t)r : cap - 1 - n;
+        memcpy(out + n, tmp, k);
+        n += k;
+    }
+    out[n] = '\0';
+    close(fds[0]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0) {
+        if (errno != EINTR) return -1;
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+#ifndef DFLASH_SOURCE_DIR
+#define DFLASH_SOURCE_DIR "."
+#endif
+
+bool cli_find_peer_script(const char *name, char *buf, size_t cap, const char *cmd) {
+    char exe[4096], tried[2][4096];
+    int n_tried = 0;
+    /* 1. next to the executable: build/dflash -> ../tests/peer */
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash != NULL) {
+            *slash = '\0';
+            const int k = snprintf(tried[n_tried], sizeof(tried[0]), "%s/../tests/peer/%s", exe, name);
+            if (k > 0 && (size_t)k < sizeof(tried[0])) n_tried++;
+        }
+    }
+    /* 2. the source tree this binary was built from (compiled in) */
+    const int k = snprintf(tried[n_tried], sizeof(tried[0]), "%s/tests/peer/%s", DFLASH_SOURCE_DIR, name);
+    if (k > 0 && (size_t)k < sizeof(tried[0])) n_tried++;
+    for (int i = 0; i < n_tried; i++) {
+        if (access(tried[i], R_OK) == 0 && strlen(tried[i]) < cap) {
+            snprintf(buf, cap, "%s", tried[i]);
+            return true;
+        }
+    }
+    fprintf(stderr, "dflash %s: the llama.cpp peer script %s was not found (looked for %s%s%s); it is part of the dflash "
+            "source tree (tests/peer, with `make deps` for its node modules)\n", cmd, name, n_tried > 0 ? tried[0] : "",
+            n_tried > 1 ? " and " : "", n_tried > 1 ? tried[1] : "");
+    return false;
 }

@@ -20,6 +20,8 @@ typedef struct cli_opts {
     const char *model;        /* -m (NULL: the embedded default pair) */
     const char *draft;        /* -md */
     const char *prompt;       /* -p */
+    const char *prompt_file;  /* -f: the prompt from a file (bytes as they are) */
+    const char *features_env; /* DFLASH_FEATURES as found (checked by cli_check_env) */
     int64_t n_predict;        /* -n */
     int64_t n_ctx;            /* -c */
     int64_t n_batch;          /* -b */
@@ -54,15 +56,50 @@ typedef struct cli_session {
     dfl_context *tctx, *dctx;
     dfl_spec *spec;
     dfl_vocab *vocab;
+    char tpath[4096], dpath[4096]; /* the embedded pair's paths (when no -m) */
 } cli_session;
 
 /* Loads the models, creates the contexts (and the speculative session when a drafter is given
- * and not --no-spec). Prints a progress bar on a terminal unless quiet. 0 ok, 1 error printed. */
+ * and not --no-spec). Prints a progress bar on a terminal unless quiet. 0 ok, 1 error printed,
+ * 2 a bad setting (DFLASH_FEATURES) printed. */
 int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd);
 void cli_session_close(cli_session *s);
 
 /* Tokenizes the prompt (ChatML with --chat). Returns the token count (> 0) or -1 (printed). */
 int64_t cli_tokenize_prompt(const cli_session *s, const cli_opts *o, const char *text, int32_t **tokens, const char *cmd);
+/* The same for text[0..len) (any bytes, e.g. read with -f). */
+int64_t cli_tokenize_prompt_n(const cli_session *s, const cli_opts *o, const char *text, size_t len, int32_t **tokens,
+                              const char *cmd);
+/* dfl_tokenize into a malloc'd array sized by the API's count query (*tokens, the caller frees).
+ * Returns the count, or DFL_VOCAB_FAIL (*tokens NULL). */
+int64_t cli_tokenize(const dfl_vocab *v, const char *text, size_t len, bool add_special, bool parse_special,
+                     int32_t **tokens);
+
+/* DFLASH_FEATURES must be host or device, like --features: 0, or 2 with the message printed. */
+int cli_check_env(const cli_opts *o, const char *cmd);
+/* dir + "/" + name into buf; false with "path too long" printed when it does not fit (never cut). */
+bool cli_path_join(char *buf, size_t cap, const char *dir, const char *name, const char *cmd);
+/* Whether the prompt and n_predict tokens fit the target context, with the verification block the
+ * speculative path keeps free: 0, or 1 with a message that states the reserve and the smallest -c. */
+int cli_check_fit(const cli_session *s, int64_t n_prompt, int64_t n_predict, const char *cmd);
+
+/* Most bytes cli_read_file reads. */
+#define CLI_MAX_FILE (256 << 20)
+/* A whole file (or FIFO, /dev/stdin) into a malloc'd buffer (NUL added after len bytes); NULL
+ * with a message printed. */
+char *cli_read_file(const char *path, size_t *len, const char *cmd);
+
+/* At the end of a command: flushes and closes stdout; a failed write anywhere (a full disk, a
+ * closed pipe) turns rc 0 into 1 with "dflash CMD: cannot write output: REASON". */
+int cli_finish_output(int rc, const char *cmd);
+
+/* Runs argv (argv[0] looked up in PATH, no shell) with stdout and stderr captured into out
+ * (NUL-terminated, the first cap - 1 bytes). Returns the exit status (128 + signal), or -1 when it
+ * could not run (printed). */
+int cli_spawn_capture(char *const argv[], char *out, size_t cap, const char *cmd);
+/* The path of tests/peer/NAME: next to the executable (build/../tests/peer) or in the source tree
+ * the binary was built from. false with a message printed when neither exists. */
+bool cli_find_peer_script(const char *name, char *buf, size_t cap, const char *cmd);
 
 double cli_now_ms(void);
 

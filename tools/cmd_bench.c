@@ -77,11 +77,12 @@ static bool bench_ar(bench *b, const int32_t *prompt, int64_t n_prompt) {
     dfl_error err = {0};
     const int64_t nb = b->o.n_batch;
     dfl_batch *bt = dfl_batch_init(nb > b->n_verify ? nb : b->n_verify, 0, 1, &err);
-    int32_t *rnd = malloc((size_t)(b->n_pp + 1) * sizeof(int32_t));
+    const int64_t n_rnd = (b->n_pp > b->n_verify ? b->n_pp : b->n_verify) + 1; /* pp and verify read it */
+    int32_t *rnd = malloc((size_t)n_rnd * sizeof(int32_t));
     double *t = malloc((size_t)(b->reps + 1) * sizeof(double) * 3);
     if (bt == NULL || rnd == NULL || t == NULL) return false;
     const int64_t nv = dfl_n_vocab(b->ar);
-    for (int64_t i = 0; i <= b->n_pp; i++) rnd[i] = (int32_t)((i * 2654435761u) % (uint64_t)nv);
+    for (int64_t i = 0; i < n_rnd; i++) rnd[i] = (int32_t)((i * 2654435761u) % (uint64_t)nv);
     bool ok = true;
     /* pp */
     for (int r = 0; r <= b->reps && ok; r++) {
@@ -257,20 +258,25 @@ static bool bench_spec(bench *b, const int32_t *prompt, int64_t n_prompt) {
     return ok;
 }
 
-static void bench_llama(bench *b) {
-    char cmd[8192], out[4096];
-    snprintf(cmd, sizeof(cmd), "node tests/peer/llama_bench.mjs '%s' --threads %d --tg %lld --pp %lld --reps %d", b->o.model,
-             b->o.n_threads > 0 ? b->o.n_threads : 2, (long long)b->n_tg, (long long)b->n_verify, b->reps);
-    FILE *f = popen(cmd, "r");
-    size_t n = f ? fread(out, 1, sizeof(out) - 1, f) : 0;
-    out[n] = '\0';
-    int rc = f ? pclose(f) : -1;
-    const char *pp = strstr(out, "\"pp_tok_s\":"), *tg = strstr(out, "\"tg_tok_s\":");
-    if (rc != 0 || pp == NULL || tg == NULL) {
-        fprintf(stderr, "dflash bench: the llama.cpp comparison failed (needs node and tests/peer/node_modules): %.300s\n", out);
-        return;
+static bool bench_llama(bench *b) {
+    char script[4096], out[4096], threads[32], tg[32], pp[32], reps[32];
+    if (!cli_find_peer_script("llama_bench.mjs", script, sizeof(script), "bench")) return false;
+    snprintf(threads, sizeof(threads), "%d", b->o.n_threads > 0 ? b->o.n_threads : 2);
+    snprintf(tg, sizeof(tg), "%lld", (long long)b->n_tg);
+    snprintf(pp, sizeof(pp), "%lld", (long long)b->n_verify);
+    snprintf(reps, sizeof(reps), "%d", b->reps);
+    /* argv, no shell: the model path is passed as it is */
+    char *argv[] = {"node", script, (char *)b->o.model, "--threads", threads, "--tg", tg, "--pp", pp, "--reps", reps, NULL};
+    const int rc = cli_spawn_capture(argv, out, sizeof(out), "bench");
+    const char *pps = strstr(out, "\"pp_tok_s\":"), *tgs = strstr(out, "\"tg_tok_s\":");
+    if (rc != 0 || pps == NULL || tgs == NULL) {
+        if (rc >= 0) {
+            fprintf(stderr, "dflash bench: the llama.cpp comparison failed (node %s, exit %d; needs node and "
+                    "tests/peer/node_modules: make deps): %.600s\n", script, rc, out);
+        }
+        return false;
     }
-    double pp_s = atof(pp + 11), tg_s = atof(tg + 11);
+    double pp_s = atof(pps + 11), tg_s = atof(tgs + 11);
     double our_tg = 0, our_v = 0;
     for (int i = 0; i < b->n_rows; i++) {
         if (!strncmp(b->rows[i].name, "tg", 2)) our_tg = b->rows[i].tok_s;
@@ -288,6 +294,7 @@ static void bench_llama(bench *b) {
     row->gb_s = (double)b->weight_bytes / (row->ms / 1e3) / 1e9;
     snprintf(row->note, sizeof(row->note), "dflash verify%lld / llama.cpp pp%lld = %.2fx", (long long)b->n_verify,
              (long long)b->n_verify, our_v / pp_s);
+    return true;
 }
 
 static int usage(FILE *out) {
@@ -319,11 +326,15 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout);
         if (!strcmp(a, "--csv")) { b.csv = true; continue; }
         if (!strcmp(a, "--llama")) { b.llama = true; continue; }
-        if ((!strcmp(a, "-r") || !strcmp(a, "--pp") || !strcmp(a, "--tg") || !strcmp(a, "--verify") || !strcmp(a, "--spec-n")) &&
-            i + 1 < argc) {
+        if (!strcmp(a, "-r") || !strcmp(a, "--pp") || !strcmp(a, "--tg") || !strcmp(a, "--verify") || !strcmp(a, "--spec-n")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "dflash bench: option %s needs a value\n", a);
+                return 2;
+            }
             long long v = strtoll(argv[++i], &end, 10);
-            if (*end != '\0' || v < 1 || v > 100000 || (!strcmp(a, "--verify") && v > 64)) {
-                fprintf(stderr, "dflash bench: invalid value '%s' for %s\n", argv[i], a);
+            const long long hi = !strcmp(a, "--verify") ? 64 : 100000;
+            if (*end != '\0' || end == argv[i] || v < 1 || v > hi) {
+                fprintf(stderr, "dflash bench: invalid value '%s' for %s (an integer in 1..%lld)\n", argv[i], a, hi);
                 return 2;
             }
             if (!strcmp(a, "-r")) b.reps = (int)v;
@@ -340,10 +351,15 @@ int cmd_bench(int argc, char **argv) {
             return usage(stderr);
         }
     }
+    if (b.o.prompt_file != NULL) {
+        fprintf(stderr, "dflash bench: -f is not supported by bench (its prompt is -p TEXT)\n");
+        return 2;
+    }
     b.o.n_ctx = b.n_pp + b.n_tg + b.n_spec + 256;
-    if (cli_session_open(&b.s, &b.o, true, "bench") != 0) {
+    const int open_rc = cli_session_open(&b.s, &b.o, true, "bench");
+    if (open_rc != 0) {
         cli_session_close(&b.s);
-        return 1;
+        return open_rc;
     }
     dfl_error err = {0};
     dfl_context_params cp = dfl_context_default_params();
@@ -363,7 +379,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t n_prompt = cli_tokenize_prompt(&b.s, &b.o, b.o.prompt, &prompt, "bench");
     bool ok = n_prompt > 0 && bench_ar(&b, prompt, n_prompt);
     if (ok && b.s.spec != NULL) ok = bench_spec(&b, prompt, n_prompt);
-    if (ok && b.llama) bench_llama(&b);
+    if (ok && b.llama) ok = bench_llama(&b); /* a failed comparison fails the run (rows so far still printed) */
     const dfl_hparams *hp = dfl_model_hparams(b.s.target);
     if (b.csv) {
         printf("test,tok_s,ms,gb_s,note\n");

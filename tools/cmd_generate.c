@@ -5,11 +5,12 @@
 #include "cmds.h"
 #include "base/jsonw.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 static int usage(FILE *out) {
-    fprintf(out, "usage: dflash generate [-m TARGET.gguf] [-md DRAFT.gguf] -p TEXT [-n N] [options]\n");
+    fprintf(out, "usage: dflash generate [-m TARGET.gguf] [-md DRAFT.gguf] (-p TEXT | -f FILE) [-n N] [options]\n");
     cli_print_common_help(out);
     return out == stdout ? 0 : 2;
 }
@@ -19,6 +20,7 @@ typedef struct gen_out {
     int64_t n, cap;
     char *text;
     size_t text_len, text_cap;
+    int write_errno; /* a streamed write to stdout failed (generation stops) */
 } gen_out;
 
 static bool out_push_text(gen_out *g, const char *t, size_t len) {
@@ -43,9 +45,9 @@ static bool emit(gen_out *g, const cli_session *s, const cli_opts *o, dfl_detok 
     size_t len;
     if (dfl_detok_push(dt, tok, &t, &len) == DFL_OK && len > 0) {
         out_push_text(g, t, len);
-        if (!o->json) {
-            fwrite(t, 1, len, stdout);
-            fflush(stdout);
+        if (!o->json && (fwrite(t, 1, len, stdout) != len || fflush(stdout) != 0)) {
+            g->write_errno = errno != 0 ? errno : EIO;
+            return false;
         }
     }
     return g->n < o->n_predict;
@@ -63,18 +65,25 @@ int cmd_generate(int argc, char **argv) {
             return usage(stderr);
         }
     }
-    if (o.prompt == NULL) {
-        fprintf(stderr, "dflash generate: a prompt is required (-p TEXT)\n");
+    if ((o.prompt == NULL) == (o.prompt_file == NULL)) {
+        fprintf(stderr, "dflash generate: a prompt is required: -p TEXT or -f FILE (one of them)\n");
         return usage(stderr);
     }
+    char *file_text = NULL;
+    size_t file_len = 0;
+    if (o.prompt_file != NULL && (file_text = cli_read_file(o.prompt_file, &file_len, "generate")) == NULL) return 1;
     o.n_seq = 1;
     cli_session s;
-    if (cli_session_open(&s, &o, o.json, "generate") != 0) {
+    const int open_rc = cli_session_open(&s, &o, o.json, "generate");
+    if (open_rc != 0) {
         cli_session_close(&s);
-        return 1;
+        free(file_text);
+        return open_rc;
     }
     int32_t *prompt = NULL;
-    int64_t n_prompt = cli_tokenize_prompt(&s, &o, o.prompt, &prompt, "generate");
+    int64_t n_prompt = file_text ? cli_tokenize_prompt_n(&s, &o, file_text, file_len, &prompt, "generate")
+                                 : cli_tokenize_prompt(&s, &o, o.prompt, &prompt, "generate");
+    free(file_text);
     if (n_prompt < 0) {
         cli_session_close(&s);
         return 1;
@@ -93,9 +102,7 @@ int cmd_generate(int argc, char **argv) {
         rc = 1;
         goto done;
     }
-    if (n_prompt + o.n_predict + 64 > dfl_n_ctx(s.tctx)) {
-        fprintf(stderr, "dflash generate: prompt (%lld tokens) + %lld to generate do not fit the context of %lld "
-                "(use -c)\n", (long long)n_prompt, (long long)o.n_predict, (long long)dfl_n_ctx(s.tctx));
+    if (cli_check_fit(&s, n_prompt, o.n_predict, "generate") != 0) {
         rc = 1;
         goto done;
     }
@@ -170,6 +177,11 @@ int cmd_generate(int argc, char **argv) {
             tok = dfl_sampler_sample(smp, dfl_get_logits(s.tctx, 0));
             more = tok >= 0;
         }
+        if (ok && tok < 0 && g.write_errno == 0) {
+            fprintf(stderr, "\ndflash generate: sampling failed at position %lld: %s\n", (long long)pos,
+                    dfl_status_str((dfl_status)-tok));
+            rc = 1;
+        }
         t_gen = cli_now_ms() - t1;
         if (!ok) {
             fprintf(stderr, "\ndflash generate: %s\n", err.msg);
@@ -178,7 +190,12 @@ int cmd_generate(int argc, char **argv) {
         dfl_sampler_free(smp);
         dfl_batch_free(b);
     }
-finish:;
+finish:
+    if (g.write_errno != 0) {
+        fprintf(stderr, "dflash generate: cannot write output: %s\n", strerror(g.write_errno));
+        rc = 1;
+        goto done;
+    }
     const char *tail;
     size_t tail_len;
     dfl_detok_flush(dt, &tail, &tail_len);

@@ -204,8 +204,16 @@ int cmd_gguf(int argc, char **argv) {
     bool ours = arch_kv != NULL && arch_kv->type == GGUF_TYPE_STRING &&
                 (gguf_str_eq(arch_kv->val.str, "qwen3") || gguf_str_eq(arch_kv->val.str, "llama") ||
                  gguf_str_eq(arch_kv->val.str, "dflash"));
+    bool model_ok = false;
     if (arch_kv != NULL) {
         model = dfl_model_load(path, NULL, &merr);
+        model_ok = model != NULL;
+        /* a target is used with its own vocabulary: the same checks as `generate` when it loads */
+        if (model != NULL && dfl_model_hparams(model)->arch != DFL_ARCH_DFLASH) {
+            dfl_vocab *voc = dfl_vocab_load(path, &merr);
+            model_ok = voc != NULL;
+            dfl_vocab_free(voc);
+        }
     } else {
         merr.code = DFL_ERR_MISSING;
         snprintf(merr.msg, sizeof(merr.msg), "general.architecture is missing");
@@ -235,9 +243,9 @@ int cmd_gguf(int argc, char **argv) {
         jsonw_key(&w, "architecture");
         if (arch_kv && arch_kv->type == GGUF_TYPE_STRING) jsonw_strn(&w, arch_kv->val.str.ptr, (size_t)arch_kv->val.str.len);
         else jsonw_null(&w);
-        jsonw_key(&w, "model_ok"); jsonw_bool(&w, model != NULL);
-        if (model == NULL) { jsonw_key(&w, "model_error"); jsonw_str(&w, merr.msg); }
-        else { jsonw_key(&w, "hparams"); print_hparams_json(&w, dfl_model_hparams(model)); }
+        jsonw_key(&w, "model_ok"); jsonw_bool(&w, model_ok);
+        if (!model_ok) { jsonw_key(&w, "model_error"); jsonw_str(&w, merr.msg); }
+        if (model != NULL) { jsonw_key(&w, "hparams"); print_hparams_json(&w, dfl_model_hparams(model)); }
         jsonw_key(&w, "unsupported_types");
         jsonw_arr_begin(&w);
         for (int k = 0; k < QUANT_TYPE_COUNT; k++) {
@@ -335,11 +343,11 @@ int cmd_gguf(int argc, char **argv) {
                    tensor_type_name((uint32_t)k), n_by_type[k], n_by_type[k] == 1 ? "" : "s");
         }
         if (n_unsupported > 0) printf("\n");
-        if (model != NULL) printf("model: ok (dflash can load it as %s)\n", dfl_arch_name(dfl_model_hparams(model)->arch));
+        if (model_ok) printf("model: ok (dflash can load it as %s)\n", dfl_arch_name(dfl_model_hparams(model)->arch));
         else printf("model: not loadable by dflash: %s\n", merr.msg);
     }
     /* a model of an architecture we support that fails to bind is an error; other GGUFs are fine */
-    int rc = (ours && model == NULL) ? 1 : 0;
+    int rc = (ours && !model_ok) ? 1 : 0;
     if (rc != 0 && !json) fprintf(stderr, "dflash gguf: %s\n", merr.msg);
     dfl_model_free(model);
     gguf_close(f);

@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cmds.h"
 #include "test_vocab.h"
+#include "cli_common.h"
 #include "gguf/gguf.h"
 #include "quant/quant.h"
 
@@ -433,7 +434,14 @@ int cmd_make_test_model(int argc, char **argv) {
             o.tied = false;
             takes = false;
         } else if (val == NULL) {
-            fprintf(stderr, "make-test-model: %s needs a value (or is unknown; see --help)\n", a);
+            static const char *const k_valued[] = {"-o", "--target", "--drafter", "--arch", "--n-embd", "--n-layer",
+                                                   "--n-head", "--n-head-kv", "--head-dim", "--n-ff", "--n-vocab",
+                                                   "--n-ctx-train", "--draft-layers", "--block-size", "--target-layers",
+                                                   "--type", "--seed", "--std"};
+            bool known = false;
+            for (size_t k = 0; k < sizeof(k_valued) / sizeof(k_valued[0]); k++) known |= strcmp(a, k_valued[k]) == 0;
+            if (known) fprintf(stderr, "make-test-model: option %s needs a value\n", a);
+            else fprintf(stderr, "make-test-model: unknown option '%s' (see --help)\n", a);
             return 2;
         } else if (strcmp(a, "-o") == 0) {
             o.out_dir = val;
@@ -507,11 +515,11 @@ int cmd_make_test_model(int argc, char **argv) {
             return 1;
         }
         if (o.target_path == NULL) {
-            snprintf(target_buf, sizeof(target_buf), "%s/target.gguf", o.out_dir);
+            if (!cli_path_join(target_buf, sizeof(target_buf), o.out_dir, "target.gguf", "make-test-model")) return 1;
             o.target_path = target_buf;
         }
         if (o.drafter_path == NULL) {
-            snprintf(drafter_buf, sizeof(drafter_buf), "%s/drafter.gguf", o.out_dir);
+            if (!cli_path_join(drafter_buf, sizeof(drafter_buf), o.out_dir, "drafter.gguf", "make-test-model")) return 1;
             o.drafter_path = drafter_buf;
         }
     }

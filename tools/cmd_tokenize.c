@@ -1,6 +1,7 @@
 /* cmd_tokenize.c: `dflash tokenize -m MODEL.gguf -p TEXT [--json] [--no-special]`: the token ids
  * (and pieces) of a text with the vocabulary of a GGUF file (a model or a vocabulary-only file);
  * `--bench -f FILE` measures the encoding speed (MB/s, one thread). */
+#include "cli_common.h"
 #include "cmds.h"
 #include "base/jsonw.h"
 #include "dflash.h"
@@ -24,33 +25,6 @@ static void usage(FILE *out) {
             "  --chat             render TEXT as a user message with the ChatML template first\n"
             "  --bench            encode the text repeatedly and print MB/s (single thread)\n"
             "  --reps N           repetitions for --bench (default 10)\n");
-}
-
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf != NULL) {
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (n < cap) break;
-        char *nb = realloc(buf, cap * 2);
-        if (nb == NULL) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    if (buf != NULL && ferror(f)) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = n;
-    return buf;
 }
 
 /* CPU time of this thread: the encoder is single-threaded, and other processes on the machine
@@ -81,7 +55,13 @@ static void print_piece(const char *p, size_t n) {
 }
 
 static int bench(const dfl_vocab *v, const char *text, size_t len, int reps, bool parse_special) {
-    int64_t n_max = (int64_t)len + 16;
+    /* the buffer from the API's count query (NFC can lengthen the text) */
+    int64_t n_max = dfl_tokenize(v, text, len, NULL, 0, false, parse_special);
+    if (n_max == DFL_VOCAB_FAIL) {
+        fprintf(stderr, "dflash tokenize: tokenization failed\n");
+        return 1;
+    }
+    n_max = n_max < 0 ? -n_max : 1;
     int32_t *tok = malloc((size_t)n_max * sizeof(int32_t));
     double *t = malloc((size_t)reps * sizeof(double));
     if (tok == NULL || t == NULL) {
@@ -163,11 +143,8 @@ int cmd_tokenize(int argc, char **argv) {
     char *owned = NULL;
     size_t len = 0;
     if (file != NULL) {
-        owned = read_file(file, &len);
-        if (owned == NULL) {
-            fprintf(stderr, "dflash tokenize: cannot read %s\n", file);
-            return 1;
-        }
+        owned = cli_read_file(file, &len, "tokenize");
+        if (owned == NULL) return 1;
     } else {
         len = strlen(prompt);
     }
@@ -207,12 +184,10 @@ int cmd_tokenize(int argc, char **argv) {
         rc = bench(v, text, len, reps, parse_special);
         goto done;
     }
-    int64_t n_max = (int64_t)len + 8;
-    tok = malloc((size_t)n_max * sizeof(int32_t));
-    if (tok == NULL) goto oom;
-    int64_t n = dfl_tokenize(v, text, len, tok, n_max, add_special, parse_special);
-    if (n < 0) {
-        fprintf(stderr, "dflash tokenize: tokenization failed\n");
+    int64_t n = cli_tokenize(v, text, len, add_special, parse_special, &tok);
+    if (n == DFL_VOCAB_FAIL) {
+        fprintf(stderr, "dflash tokenize: tokenization failed (%s)\n",
+                len > (size_t)INT32_MAX ? "the text is longer than 2 GiB" : "out of memory");
         rc = 1;
         goto done;
     }

@@ -1,4 +1,5 @@
 /* dflash.c: the command-line entry point; dispatches to the subcommands in tools/cmd_*.c. */
+#include "cli_common.h"
 #include "cmds.h"
 #include "dflash.h"
 
@@ -36,15 +37,16 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(stdout);
-        return 0;
+        return cli_finish_output(0, "help");
     }
     if (strcmp(argv[1], "--version") == 0) {
         printf("dflash %s\n", DFL_VERSION);
-        return 0;
+        return cli_finish_output(0, "--version");
     }
     for (size_t i = 0; i < sizeof(k_commands) / sizeof(k_commands[0]); i++) {
         if (strcmp(argv[1], k_commands[i].name) == 0) {
-            return k_commands[i].fn(argc - 1, argv + 1);
+            /* every command's output is checked at the end (a full disk, a closed pipe) */
+            return cli_finish_output(k_commands[i].fn(argc - 1, argv + 1), k_commands[i].name);
         }
     }
     fprintf(stderr, "dflash: unknown command '%s'\n\n", argv[1]);

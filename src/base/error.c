@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 const char *dfl_status_str(dfl_status code) {
     switch (code) {
@@ -25,7 +26,11 @@ dfl_status error_vset(dfl_error *err, dfl_status code, const char *fmt, va_list 
         return code;
     }
     err->code = code;
-    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+    const int n = vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+    if (n >= (int)sizeof(err->msg)) {
+        /* a message longer than the buffer ends in "..." (never cut silently) */
+        memcpy(err->msg + sizeof(err->msg) - 4, "...", 4);
+    }
     return code;
 }
 

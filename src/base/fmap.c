@@ -1,4 +1,6 @@
-/* fmap.c: mmap a whole file read-only, with clear errors. */
+/* fmap.c: mmap a whole file read-only, with clear errors. Only regular files are mapped: the
+ * file is opened without blocking (a FIFO would otherwise wait for a writer in open) and its type
+ * checked before anything is read; a path longer than FMAP_PATH_MAX is refused, never cut. */
 #define _POSIX_C_SOURCE 200809L
 #include "base/fmap.h"
 #include "base/error.h"
@@ -10,10 +12,26 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "a special file";
+}
+
 dfl_status fmap_open(fmap *map, const char *path, dfl_error *err) {
     map->data = NULL;
     map->size = 0;
-    int fd = open(path, O_RDONLY);
+    if (path == NULL) return error_set(err, DFL_ERR_INVALID, "no file path");
+    const size_t len = strlen(path);
+    if (len > FMAP_PATH_MAX) {
+        return error_set(err, DFL_ERR_IO, "path too long (%zu bytes; the limit is %d): %.80s...", len, FMAP_PATH_MAX,
+                         path);
+    }
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer; it is refused below */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
         return error_set(err, DFL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     }
@@ -25,7 +43,7 @@ dfl_status fmap_open(fmap *map, const char *path, dfl_error *err) {
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return error_set(err, DFL_ERR_IO, "%s: not a regular file", path);
+        return error_set(err, DFL_ERR_IO, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
     }
     if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -9,7 +9,11 @@ typedef struct fmap {
     size_t size;
 } fmap;
 
-/* Maps the whole file read-only. */
+/* Longest path accepted (PATH_MAX - 1 on Linux): longer ones are an error, never cut. */
+#define FMAP_PATH_MAX 4095
+
+/* Maps the whole file read-only. Only regular files (a FIFO, device or directory is an error at
+ * once, without blocking or reading). */
 dfl_status fmap_open(fmap *map, const char *path, dfl_error *err);
 void fmap_close(fmap *map);
 

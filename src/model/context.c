@@ -407,6 +407,48 @@ static void context_limits(const dfl_context *ctx, batch_limits *lim) {
     lim->encode_only = false;
 }
 
+/* Index of the first NaN or +-Inf in x[0..n), or -1 (exponent bits all ones; vectorizes). */
+static int64_t first_nonfinite(const float *x, int64_t n) {
+    const int64_t blk = 4096;
+    for (int64_t i0 = 0; i0 < n; i0 += blk) {
+        const int64_t i1 = i0 + blk < n ? i0 + blk : n;
+        uint32_t any = 0;
+        for (int64_t i = i0; i < i1; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], sizeof(u));
+            any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        }
+        if (any) {
+            for (int64_t i = i0; i < i1; i++) {
+                if (x[i] - x[i] != 0.0f) return i; /* NaN or Inf */
+            }
+        }
+    }
+    return -1;
+}
+
+/* After a decode: non-finite logits (NaN or Inf: broken weights, or activations that overflow)
+ * are an error naming the position, and the batch is rolled back (nothing of it applied), so no
+ * caller samples from them. */
+static dfl_status context_check_logits(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) {
+    const int64_t nv = ctx->n_vocab;
+    for (int64_t i = 0; i < batch->n_tokens; i++) {
+        if (ctx->out_of[i] < 0) continue;
+        const float *row = ctx->logits + (size_t)ctx->out_of[i] * (size_t)nv;
+        const int64_t k = first_nonfinite(row, nv);
+        if (k < 0) continue;
+        const int64_t nps = batch->n_pos_sections;
+        error_set(err, DFL_ERR_FORMAT,
+                  "non-finite logits at position %d of sequence %d (batch entry %lld): the logit of token %lld is %g "
+                  "(NaN or Inf in the model's weights, or activations that overflow)",
+                  batch->pos[i * nps], batch->seq_id[i], (long long)i, (long long)k, (double)row[k]);
+        for (int64_t j = 0; j < batch->n_tokens; j++) kv_seq_remove(&ctx->kv, batch->seq_id[j], batch->pos[j * nps]);
+        ctx->n_outputs = 0;
+        return DFL_ERR_FORMAT;
+    }
+    return DFL_OK;
+}
+
 dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) {
     if (ctx == NULL || batch == NULL) return error_set(err, DFL_ERR_INVALID, "dfl_decode: NULL context or batch");
     if (ctx->model->hp.arch == DFL_ARCH_DFLASH) {
@@ -478,6 +520,7 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
     } else {
         ctx->pending = true;
     }
+    if (n_out > 0) return context_check_logits(ctx, batch, err);
     return DFL_OK;
 }
 

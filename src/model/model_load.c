@@ -334,6 +334,13 @@ static dfl_status bind_all(dfl_model *m, dfl_error *err) {
         return error_set(err, DFL_ERR_MISSING, "token_embd.weight: expected [%lld, n_vocab], missing",
                          (long long)hp->n_embd);
     }
+    /* token ids come from the file's vocabulary: every one needs its embedding row and logit
+     * (llama.cpp also requires the two counts to be equal) */
+    const int64_t n_tokens = vocab_size_from_tokens(f);
+    if (te != NULL && te->n_dims >= 2 && n_tokens > 0 && n_tokens != hp->n_vocab) {
+        report_add(&r, DFL_ERR_MISMATCH, "the vocabulary has %lld tokens but token_embd.weight has %lld rows",
+                   (long long)n_tokens, (long long)hp->n_vocab);
+    }
     m->token_embd = bind(f, &r, "token_embd.weight", BIND_MATRIX, 2, hp->n_embd, hp->n_vocab, drafter);
     m->output_norm = bind(f, &r, "output_norm.weight", BIND_NORM, 1, hp->n_embd, 1, false);
     m->output = bind(f, &r, "output.weight", BIND_MATRIX, 2, hp->n_embd, hp->n_vocab, true);

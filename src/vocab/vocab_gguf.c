@@ -132,7 +132,7 @@ dfl_vocab *dfl_vocab_load(const char *path, dfl_error *err) {
     if (v == NULL && err != NULL && strstr(err->msg, path) == NULL) {
         /* say which file */
         char msg[sizeof(err->msg)];
-        snprintf(msg, sizeof(msg), "%.200s: %.800s", path, err->msg);
+        snprintf(msg, sizeof(msg), "%.200s%s: %.800s", path, strlen(path) > 200 ? "..." : "", err->msg);
         memcpy(err->msg, msg, sizeof(msg));
     }
     gguf_close(f);

@@ -2,7 +2,7 @@
 
 Run: /usr/bin/python3 tests/ref/test_ref.py [-v] [TestClass.test_name]
 
-Test models: if build/dflash exists and has `make-test-model`, the tests also run on the files
+Test models: if build/dflash (or $DFLASH_CLI) exists and has `make-test-model`, the tests also run on the files
 it writes; they always run on files from the small GGUF writer below (tests only: F32/F16/BF16
 tensors, every KV type) so the reference is testable on its own.
 """
@@ -693,9 +693,11 @@ class TestDflashTestModel(unittest.TestCase):
     """Runs on `build/dflash make-test-model` output when that command exists (skipped otherwise)."""
 
     def test_make_test_model(self):
-        exe = os.path.join(ROOT, "build", "dflash")
+        exe = os.environ.get("DFLASH_CLI") or os.path.join(ROOT, "build", "dflash")
+        if not os.path.isabs(exe):
+            exe = os.path.join(ROOT, exe)
         if not os.path.exists(exe):
-            self.skipTest("build/dflash not built")
+            self.skipTest("%s not built" % exe)
         d = tmpdir()
         p = subprocess.run([exe, "make-test-model", "-o", d, "--n-embd", "64", "--n-layer", "2", "--type", "f32"],
                            capture_output=True, text=True)

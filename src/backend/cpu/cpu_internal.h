@@ -75,7 +75,8 @@ typedef void (*cpu_act_row_fn)(cpu_act *act, int64_t r, const float *x);
 typedef float (*cpu_dot_f16_fn)(const float *x, const uint16_t *y, int64_t n);
 /* y[i] += a * x[i] for n F16 values x (attention: accumulate v rows). */
 typedef void (*cpu_axpy_f16_fn)(float *y, float a, const uint16_t *x, int64_t n);
-/* Row softmax p = softmax(s) over n scores (-INFINITY = excluded; all excluded gives zeros); p may
+/* Row softmax p = softmax(s) over n scores (-INFINITY = excluded; all excluded gives zeros; a NaN
+ * or +INFINITY score makes the row NaN); p may
  * be s. Same contract as cpu_softmax_row_ref, exp within a few ulp. */
 typedef void (*cpu_softmax_fn)(float *p, const float *s, int64_t n);
 

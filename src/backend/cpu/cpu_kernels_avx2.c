@@ -567,12 +567,26 @@ T2 INL __m256 exp_neg_avx2(__m256 x) {
 T2 static void softmax_row_avx2(float *p, const float *s, int64_t n) {
     float max = -INFINITY;
     int64_t i = 0;
+    int bad = 0;
     if (n >= 8) {
-        __m256 mx = _mm256_set1_ps(-INFINITY);
-        for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + i));
+        __m256 mx = _mm256_set1_ps(-INFINITY), nf = _mm256_setzero_ps();
+        const __m256 inf = _mm256_set1_ps(INFINITY);
+        for (; i + 8 <= n; i += 8) {
+            const __m256 x = _mm256_loadu_ps(s + i);
+            mx = _mm256_max_ps(mx, x);
+            nf = _mm256_or_ps(nf, _mm256_cmp_ps(x, inf, _CMP_NLT_UQ)); /* NaN or +Inf */
+        }
         max = hmax8(mx);
+        bad = _mm256_movemask_ps(nf);
     }
-    for (; i < n; i++) max = s[i] > max ? s[i] : max;
+    for (; i < n; i++) {
+        max = s[i] > max ? s[i] : max;
+        bad |= !(s[i] < INFINITY);
+    }
+    if (bad) { /* a NaN or +Inf score: the row is NaN (never hidden) */
+        for (i = 0; i < n; i++) p[i] = NAN;
+        return;
+    }
     if (max == -INFINITY) {
         memset(p, 0, (size_t)n * sizeof(float));
         return;

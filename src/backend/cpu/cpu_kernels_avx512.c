@@ -375,11 +375,21 @@ T512 INL void q80_block4(const void *w, size_t w_nb1, const int Q4, const cpu_ac
                 }
             }
         }
+        /* the 16 sums in one reduction tree (lane r * 4 + i; the same bits as hsum16_one), then a
+         * row's 4 outputs in one store */
+        __m512 flat[16];
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            if (i >= no) break;
+        for (int r = 0; r < 4; r++)
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) dst[(rt + r) * ds + o + i] = hsum16_one(acc[i][r]);
+            for (int i = 0; i < 4; i++) flat[r * 4 + i] = acc[i][r];
+        float tmp[16] __attribute__((aligned(64)));
+        _mm512_store_ps(tmp, hsum16_tree(flat, 16));
+        if (no == 4) {
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) _mm_storeu_ps(dst + (rt + r) * ds + o, _mm_load_ps(tmp + 4 * r));
+        } else {
+            for (int r = 0; r < 4; r++)
+                for (int i = 0; i < no; i++) dst[(rt + r) * ds + o + i] = tmp[r * 4 + i];
         }
     }
     /* the last nr % 4 rows, one weight row at a time */
@@ -784,10 +794,24 @@ T512 INL __m512 exp_neg512(__m512 x) {
 
 T512 static void softmax_row_512(float *p, const float *s, int64_t n) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
+    const __m512 inf = _mm512_set1_ps(INFINITY);
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + i));
+    __mmask16 nf = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(s + i);
+        mx = _mm512_max_ps(mx, x);
+        nf |= _mm512_cmp_ps_mask(x, inf, _CMP_NLT_UQ); /* NaN or +Inf */
+    }
     float max = _mm512_reduce_max_ps(mx);
-    for (; i < n; i++) max = s[i] > max ? s[i] : max;
+    int bad = nf != 0;
+    for (; i < n; i++) {
+        max = s[i] > max ? s[i] : max;
+        bad |= !(s[i] < INFINITY);
+    }
+    if (bad) { /* a NaN or +Inf score: the row is NaN (never hidden) */
+        for (i = 0; i < n; i++) p[i] = NAN;
+        return;
+    }
     if (max == -INFINITY) {
         memset(p, 0, (size_t)n * sizeof(float));
         return;

@@ -265,7 +265,13 @@ static void attn_fn(void *ctx, int ith, int nth) {
  *   activations), then scale + mask, row softmax, the probabilities rounded to f16, and
  *   O [rows, hd_v] = P V by attn_pv_f16 (a sum over the keys in order).
  * A (query row, key) score and a query row's output go through the same operations whatever the
- * tile and n_kv (masked keys, p = 0, are skipped), so a row's result does not depend on its batch. */
+ * tile and n_kv (masked keys, p = 0, are skipped), so a row's result does not depend on its batch.
+ * Causal / block structure: keys past the last one any row of the item can see (mask -inf to the
+ * end, e.g. the future of a prefill chunk) are not computed at all: the item works on the first
+ * kv_end keys, kv_end rounded up to a multiple of 16 (the softmax kernels' chunk: a row's sums
+ * then meet exactly the same nonzero terms in the same lanes and order as over all n_kv keys, the
+ * rest being exact zeros), so the results stay bit-identical. Items are dealt to threads in turn
+ * (their costs grow along a causal prefill). */
 #define ATTN_ROWS 8
 
 typedef struct attn16_job {
@@ -291,10 +297,20 @@ static void attn16_fn(void *ctx, int ith, int nth) {
     cpu_act_layout(&act, CPU_DOT_F32, hd, job->rows, qb);
 
     const int64_t n_qt = (nq + job->tq - 1) / job->tq, n_items = nh_kv * n_qt;
-    const int64_t it0 = n_items * ith / nth, it1 = n_items * (ith + 1) / nth;
-    for (int64_t it = it0; it < it1; it++) {
+    for (int64_t it = ith; it < n_items; it += nth) {
         const int64_t hk = it % nh_kv, iq0 = (it / nh_kv) * job->tq;
         const int64_t nqi = nq - iq0 < job->tq ? nq - iq0 : job->tq, rows = nqi * group;
+        /* keys [0, kv_end) hold every key these query positions see (see the comment above) */
+        int64_t last = 0;
+        for (int64_t iq = iq0; iq < iq0 + nqi; iq++) {
+            const float *mrow = (const float *)((const char *)mask->data + (size_t)iq * mask->nb[1]);
+            int64_t j = n_kv;
+            while (j > last && mrow[j - 1] == -INFINITY) j--;
+            last = j;
+        }
+        int64_t kv_end = (last + 15) & ~(int64_t)15;
+        if (kv_end < 16) kv_end = 16;
+        if (kv_end > n_kv) kv_end = n_kv;
         /* row r: query position iq0 + r / group, head hk * group + r % group */
         for (int64_t r = 0; r < rows; r++) {
             const int64_t iq = iq0 + r / group, h = hk * group + r % group;
@@ -302,19 +318,19 @@ static void attn16_fn(void *ctx, int ith, int nth) {
                                                                       (size_t)iq * q->nb[2]));
         }
         const char *kbase = (const char *)k->data + (size_t)hk * k->nb[1];
-        job->k->matmul[QUANT_TYPE_F16](kbase, k->nb[2], &act, 0, rows, sb, ldk, 0, n_kv);
+        job->k->matmul[QUANT_TYPE_F16](kbase, k->nb[2], &act, 0, rows, sb, ldk, 0, kv_end);
         for (int64_t r = 0; r < rows; r++) {
             const float *mrow = (const float *)((const char *)mask->data + (size_t)(iq0 + r / group) * mask->nb[1]);
             float *sr = sb + r * ldk;
-            for (int64_t j = 0; j < n_kv; j++) sr[j] = mrow[j] == -INFINITY ? -INFINITY : sr[j] * scale + mrow[j];
-            job->k->softmax_row(sr, sr, n_kv);
+            for (int64_t j = 0; j < kv_end; j++) sr[j] = mrow[j] == -INFINITY ? -INFINITY : sr[j] * scale + mrow[j];
+            job->k->softmax_row(sr, sr, kv_end);
             /* the probabilities rounded to f16 in place (the activation rounding of f16 weights) */
             cpu_act pact;
-            cpu_act_layout(&pact, CPU_DOT_F32, n_kv, 1, sr);
+            cpu_act_layout(&pact, CPU_DOT_F32, kv_end, 1, sr);
             job->k->act_row[QUANT_TYPE_F16](&pact, 0, sr);
         }
         const char *vbase = (const char *)v->data + (size_t)hk * v->nb[1];
-        job->k->attn_pv_f16(ob, hd_v, sb, ldk, rows, vbase, v->nb[2], n_kv, hd_v);
+        job->k->attn_pv_f16(ob, hd_v, sb, ldk, rows, vbase, v->nb[2], kv_end, hd_v);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t iq = iq0 + r / group, h = hk * group + r % group;
             memcpy((char *)d->data + (size_t)h * d->nb[1] + (size_t)iq * d->nb[2], ob + r * hd_v,

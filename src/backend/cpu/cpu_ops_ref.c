@@ -119,8 +119,14 @@ void cpu_op_rope_neox_ref(const backend_op *op) {
 
 void cpu_softmax_row_ref(float *p, const float *s, int64_t n) {
     float max = -INFINITY;
+    bool bad = false;
     for (int64_t i = 0; i < n; i++) {
         if (s[i] > max) max = s[i];
+        bad |= !(s[i] < INFINITY); /* NaN or +Inf */
+    }
+    if (bad) { /* a NaN or +Inf score is not a probability: the row is NaN (never hidden) */
+        for (int64_t i = 0; i < n; i++) p[i] = NAN;
+        return;
     }
     if (max == -INFINITY) {
         for (int64_t i = 0; i < n; i++) p[i] = 0.0f;

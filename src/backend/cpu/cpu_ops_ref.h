@@ -60,7 +60,8 @@ void cpu_mul_row_ref(float *d, const float *a, const float *b, int64_t n);
 int32_t cpu_argmax_row_ref(const float *x, int64_t n);
 void cpu_f16_row_ref(uint16_t *d, const float *x, int64_t n);
 /* Row softmax of n scores s (already scaled and masked; -INFINITY = excluded) into p (f64 sum,
- * max-subtracted). A row without any finite score gives zeros. */
+ * max-subtracted). A row with all scores -INFINITY gives zeros; a row with a NaN or +INFINITY
+ * score gives NaN everywhere (broken inputs propagate, as in IEEE arithmetic, never hidden). */
 void cpu_softmax_row_ref(float *p, const float *s, int64_t n);
 
 #endif

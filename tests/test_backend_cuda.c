@@ -165,6 +165,21 @@ static void fill_weight(rng *r, uint32_t type, uint8_t *w, int64_t n_in, int64_t
                 memcpy(p + b * sizeof(blk), &blk, sizeof(blk));
             }
             break;
+        case QUANT_TYPE_Q4_1: case QUANT_TYPE_Q5_0: case QUANT_TYPE_Q5_1: case QUANT_TYPE_IQ4_NL:
+        case QUANT_TYPE_Q2_K: case QUANT_TYPE_Q3_K: case QUANT_TYPE_Q5_K: case QUANT_TYPE_IQ4_XS: {
+            /* random bytes, then sane f16 scales at their offsets (Q2_K / Q3_K keep theirs at the end) */
+            const quant_type_info *ti = quant_type_get(type);
+            for (size_t i = 0; i < row; i++) p[i] = (uint8_t)rng_u32(r);
+            for (int64_t b = 0; b < n_in / ti->blck_size; b++) {
+                uint8_t *blk = p + (size_t)b * ti->type_size;
+                const size_t off = type == QUANT_TYPE_Q2_K ? 80 : type == QUANT_TYPE_Q3_K ? 108 : 0;
+                const bool two = type == QUANT_TYPE_Q4_1 || type == QUANT_TYPE_Q5_1 || type == QUANT_TYPE_Q2_K ||
+                                 type == QUANT_TYPE_Q5_K;
+                const uint16_t h[2] = {rand_f16(r, 0.0002f, 0.01f), rand_f16(r, 0.0f, 0.01f)};
+                memcpy(blk + off, h, two ? 4 : 2);
+            }
+            break;
+        }
         default:
             DFL_ASSERT(0 && "fill_weight: type");
         }
@@ -484,8 +499,10 @@ TEST(cuda_op_rejects_host_memory) {
 
 /* ---- matmul --------------------------------------------------------------------------------------- */
 
-static const uint32_t k_types[] = {QUANT_TYPE_F32,  QUANT_TYPE_F16,  QUANT_TYPE_BF16, QUANT_TYPE_Q8_0,
-                                   QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K};
+static const uint32_t k_types[] = {QUANT_TYPE_F32,  QUANT_TYPE_F16,  QUANT_TYPE_BF16,   QUANT_TYPE_Q8_0,
+                                   QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K,   QUANT_TYPE_Q4_1,
+                                   QUANT_TYPE_Q5_0, QUANT_TYPE_Q5_1, QUANT_TYPE_IQ4_NL, QUANT_TYPE_Q2_K,
+                                   QUANT_TYPE_Q3_K, QUANT_TYPE_Q5_K, QUANT_TYPE_IQ4_XS};
 
 static double mm_budget(uint32_t type) {
     switch (type) {

@@ -163,6 +163,31 @@ static void *make_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out) {
                 memcpy(p + b * sizeof(blk), &blk, sizeof(blk));
             }
             break;
+        case QUANT_TYPE_Q4_1: case QUANT_TYPE_Q5_0: case QUANT_TYPE_Q5_1: case QUANT_TYPE_IQ4_NL:
+        case QUANT_TYPE_Q2_K: case QUANT_TYPE_Q3_K: case QUANT_TYPE_Q5_K: case QUANT_TYPE_IQ4_XS: {
+            /* random bytes, then sane f16 scales at their offsets (d first, then m / dmin; Q2_K and
+             * Q3_K keep theirs at the end) */
+            const quant_type_info *ti = quant_type_get(type);
+            for (size_t i = 0; i < row; i++) p[i] = (uint8_t)rng_u32(r);
+            for (int64_t b = 0; b < n_in / ti->blck_size; b++) {
+                uint8_t *blk = p + (size_t)b * ti->type_size;
+                uint16_t h[2];
+                size_t off = 0;
+                int nh = 1;
+                switch (type) {
+                case QUANT_TYPE_Q4_1: case QUANT_TYPE_Q5_1:
+                    h[0] = rand_f16(r, -0.1f, 0.1f); h[1] = rand_f16(r, -0.5f, 0.5f); nh = 2; break;
+                case QUANT_TYPE_Q5_0: h[0] = rand_f16(r, -0.05f, 0.05f); break;
+                case QUANT_TYPE_IQ4_NL: h[0] = rand_f16(r, -0.01f, 0.01f); break;
+                case QUANT_TYPE_Q2_K: off = 80; h[0] = rand_f16(r, 0.0005f, 0.01f); h[1] = rand_f16(r, 0.0f, 0.01f); nh = 2; break;
+                case QUANT_TYPE_Q3_K: off = 108; h[0] = rand_f16(r, -0.001f, 0.001f); break;
+                case QUANT_TYPE_Q5_K: h[0] = rand_f16(r, 0.0005f, 0.002f); h[1] = rand_f16(r, 0.0f, 0.004f); nh = 2; break;
+                default: h[0] = rand_f16(r, -0.0005f, 0.0005f); break; /* IQ4_XS */
+                }
+                memcpy(blk + off, h, 2 * (size_t)nh);
+            }
+            break;
+        }
         default:
             DFL_ASSERT(0 && "make_weight: type");
         }
@@ -170,8 +195,10 @@ static void *make_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out) {
     return w;
 }
 
-static const uint32_t k_mm_types[] = {QUANT_TYPE_F32, QUANT_TYPE_F16, QUANT_TYPE_BF16, QUANT_TYPE_Q8_0,
-                                      QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K};
+static const uint32_t k_mm_types[] = {QUANT_TYPE_F32,  QUANT_TYPE_F16,    QUANT_TYPE_BF16, QUANT_TYPE_Q8_0,
+                                      QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_K,   QUANT_TYPE_Q6_K, QUANT_TYPE_Q4_1,
+                                      QUANT_TYPE_Q5_0, QUANT_TYPE_Q5_1,   QUANT_TYPE_IQ4_NL, QUANT_TYPE_Q2_K,
+                                      QUANT_TYPE_Q3_K, QUANT_TYPE_Q5_K,   QUANT_TYPE_IQ4_XS};
 
 static double mm_budget(uint32_t type) {
     switch (type) {
@@ -206,7 +233,7 @@ typedef struct mm_case {
 /* (n_in, n_out, n_rows) triples covering every awkward size at least once per block size */
 static const mm_case k_cases_32[] = {
     {32, 1, 1}, {64, 3, 2}, {96, 7, 3}, {256, 17, 7}, {512, 127, 16}, {1024, 129, 17},
-    {1088, 1000, 1}, {96, 33, 33}, {2048, 64, 4}, {160, 129, 16},
+    {1088, 1000, 1}, {96, 33, 33}, {2048, 64, 4}, {160, 129, 16}, {160, 9, 15}, {96, 5, 64},
     /* n_in not a multiple of 32 (f32 / f16 / bf16 only): the SIMD tail loops of every level */
     {33, 5, 3}, {47, 17, 7}, {72, 129, 16}, {33, 64, 17}, {47, 1, 1}, {1, 9, 2}, {15, 33, 6},
     /* rows over several row blocks of the matmul driver (32 rows of f32, 96 of int8 at n_in 4096) */
@@ -214,7 +241,7 @@ static const mm_case k_cases_32[] = {
 };
 static const mm_case k_cases_256[] = {
     {256, 1, 1}, {256, 3, 2}, {512, 7, 3}, {768, 17, 7}, {1024, 127, 16}, {1280, 129, 17},
-    {512, 1000, 1}, {256, 33, 33}, {2048, 64, 4}, {4096, 40, 130},
+    {512, 1000, 1}, {256, 33, 33}, {2048, 64, 4}, {768, 9, 15}, {512, 5, 64}, {4096, 40, 130},
 };
 
 /* Runs op_matmul on be; dst [n_out, n_rows] */
@@ -1039,9 +1066,10 @@ TEST(backend_op_validation_messages) {
     memset(&err, 0, sizeof(err));
     op.src[1] = tensor_2d(QUANT_TYPE_F32, buf, 64, 2);
     CHECK_EQ_INT(backend_op_validate(be, &op, &err), DFL_OK);
-    op.src[0] = tensor_2d(QUANT_TYPE_Q5_0, buf, 64, 8);
+    op.src[0] = tensor_2d(16 /* iq2_xxs */, buf, 256, 8);
+    op.src[1] = tensor_2d(QUANT_TYPE_F32, buf, 256, 2);
     CHECK_EQ_INT(backend_op_validate(be, &op, &err), DFL_ERR_INVALID);
-    CHECK_STR_CONTAINS(err.msg, "q5_0");
+    CHECK_STR_CONTAINS(err.msg, "iq2_xxs");
 
     memset(&err, 0, sizeof(err));
     int32_t pos[4] = {0};

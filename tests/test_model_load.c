@@ -17,7 +17,9 @@ typedef struct tiny {
     const char *skip_tensor;   /* leave this tensor out */
     const char *bad_tensor;    /* give this tensor a wrong shape */
     const char *skip_key;      /* leave this key out */
-    uint32_t matrix_type;      /* F32 or F16 */
+    uint32_t matrix_type;      /* F32, F16 or any quantized type the dims allow */
+    const uint32_t *extra_types; /* n_extra more [256] tensors "extra.<i>" of these types */
+    int n_extra;
 } tiny;
 
 static float k_zeros[1 << 16];
@@ -67,6 +69,11 @@ static bool write_tiny(const tiny *m, const char *path) {
         add_t(w, m, "token_embd.weight", mt, 2, E, m->n_vocab);
     }
     add_t(w, m, "output_norm.weight", QUANT_TYPE_F32, 1, E, 1);
+    for (int i = 0; i < m->n_extra; i++) {
+        char n[32];
+        snprintf(n, sizeof(n), "extra.%d", i);
+        add_t(w, m, n, m->extra_types[i], 1, 256, 1);
+    }
     for (int il = 0; il < m->n_layer; il++) {
         char n[64];
 #define T(suffix, type, nd, a, b) (snprintf(n, sizeof(n), "blk.%d." suffix, il), add_t(w, m, n, type, nd, a, b))
@@ -92,7 +99,7 @@ static bool write_tiny(const tiny *m, const char *path) {
 }
 
 static tiny tiny_default(void) {
-    tiny m = {"qwen3", 2, 64, 4, 2, 16, 96, 50, false, NULL, NULL, NULL, QUANT_TYPE_F32};
+    tiny m = {"qwen3", 2, 64, 4, 2, 16, 96, 50, false, NULL, NULL, NULL, QUANT_TYPE_F32, NULL, 0};
     return m;
 }
 
@@ -193,6 +200,39 @@ TEST(model_load_reports_every_problem) {
     CHECK_STR_CONTAINS(err.msg, "2 tensor problems");
     CHECK_STR_CONTAINS(err.msg, "blk.0.attn_q_norm.weight");
     CHECK_STR_CONTAINS(err.msg, "blk.1.ffn_down.weight");
+}
+
+/* Every type llama-quantize's common presets write binds as a weight matrix. */
+TEST(model_load_quantized_types) {
+    static const uint32_t types[] = {QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_0, QUANT_TYPE_Q5_1, QUANT_TYPE_IQ4_NL,
+                                     QUANT_TYPE_Q2_K, QUANT_TYPE_Q3_K, QUANT_TYPE_Q5_K, QUANT_TYPE_IQ4_XS};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        tiny m = tiny_default();
+        m.matrix_type = types[i];
+        if (quant_type_get(types[i])->blck_size == 256) { /* every row length a multiple of 256 */
+            m.n_embd = 256;
+            m.head_dim = 64;
+            m.n_ff = 256;
+        }
+        char path[512];
+        REQUIRE(write_tiny(&m, test_path(t, "q.gguf", path, sizeof(path))));
+        dfl_error err = {0};
+        dfl_model *model = dfl_model_load(path, NULL, &err);
+        CHECK_MSG(model != NULL, "%s: %s", quant_type_get(types[i])->name, err.msg);
+        if (model) CHECK_EQ_INT(model->layers[1].ffn_down->type, types[i]);
+        dfl_model_free(model);
+    }
+}
+
+/* A file with several types we cannot compute with names all of them, each once, first. */
+TEST(model_load_lists_every_unsupported_type) {
+    static const uint32_t extra[] = {16 /* iq2_xxs */, 34 /* tq1_0 */, 16, QUANT_TYPE_Q5_K};
+    tiny m = tiny_default();
+    m.extra_types = extra;
+    m.n_extra = 4;
+    m.bad_tensor = "blk.1.ffn_down.weight";
+    expect_fail(t, &m, DFL_ERR_UNSUPPORTED,
+                "2 tensor problems: unsupported tensor types iq2_xxs (2 tensors), tq1_0 (1 tensor); blk.1.ffn_down");
 }
 
 TEST(model_load_missing_keys) {

@@ -69,7 +69,8 @@ static bool next_case(test_ctx *t, const char *path, const uint8_t *data, size_t
     return true;
 }
 
-static const char *const k_dequant_types[] = {"f32", "f16", "bf16", "q4_0", "q8_0", "q4_K", "q6_K"};
+static const char *const k_dequant_types[] = {"f32",  "f16",  "bf16", "q4_0", "q8_0", "q4_K",   "q6_K",
+                                                 "q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "q5_K", "iq4_nl", "iq4_xs"};
 static const char *const k_quant_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
 
 TEST(quant_dequantize_matches_numpy) {
@@ -283,9 +284,13 @@ TEST(quant_type_table) {
     struct { uint32_t type; const char *name; int64_t blck; size_t size; bool deq, q; } known[] = {
         {QUANT_TYPE_F32, "f32", 1, 4, true, true},      {QUANT_TYPE_F16, "f16", 1, 2, true, true},
         {QUANT_TYPE_BF16, "bf16", 1, 2, true, true},    {QUANT_TYPE_Q4_0, "q4_0", 32, 18, true, true},
-        {QUANT_TYPE_Q8_0, "q8_0", 32, 34, true, true},  {QUANT_TYPE_Q4_K, "q4_K", 256, 144, true, false},
-        {QUANT_TYPE_Q6_K, "q6_K", 256, 210, true, false}, {QUANT_TYPE_Q5_K, "q5_K", 256, 176, false, false},
-        {QUANT_TYPE_Q4_1, "q4_1", 32, 20, false, false},
+        {QUANT_TYPE_Q8_0, "q8_0", 32, 34, true, true},  {QUANT_TYPE_Q4_K, "q4_K", 256, 144, true, true},
+        {QUANT_TYPE_Q6_K, "q6_K", 256, 210, true, true}, {QUANT_TYPE_Q5_K, "q5_K", 256, 176, true, true},
+        {QUANT_TYPE_Q4_1, "q4_1", 32, 20, true, true},  {QUANT_TYPE_Q5_0, "q5_0", 32, 22, true, true},
+        {QUANT_TYPE_Q5_1, "q5_1", 32, 24, true, true},  {QUANT_TYPE_Q2_K, "q2_K", 256, 84, true, true},
+        {QUANT_TYPE_Q3_K, "q3_K", 256, 110, true, true}, {QUANT_TYPE_IQ4_NL, "iq4_nl", 32, 18, true, true},
+        {QUANT_TYPE_IQ4_XS, "iq4_xs", 256, 136, true, true}, {QUANT_TYPE_Q8_K, "q8_K", 256, 292, false, false},
+        {16, "iq2_xxs", 256, 66, false, false},
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
         const quant_type_info *ti = quant_type_get(known[i].type);
@@ -316,13 +321,15 @@ TEST(quant_unsupported_rejected) {
     uint8_t raw[292] = {0};
     float y[256];
     float x[256] = {0};
-    CHECK(!quant_dequantize_row(QUANT_TYPE_Q4_1, raw, y, 32));
+    CHECK(!quant_dequantize_row(16, raw, y, 256)); /* iq2_xxs */
+    CHECK(!quant_dequantize_row(QUANT_TYPE_Q5_K, raw, y, 128));
     CHECK(!quant_dequantize_row(QUANT_TYPE_Q8_K, raw, y, 256));
     CHECK(!quant_dequantize_row(4, raw, y, 32));
     CHECK(!quant_dequantize_row(1000, raw, y, 32));
     CHECK(!quant_dequantize_row(QUANT_TYPE_Q8_0, raw, y, 31));
-    CHECK_EQ_INT(quant_quantize_row(QUANT_TYPE_Q4_K, x, raw, 256), 0);
-    CHECK_EQ_INT(quant_quantize_row(QUANT_TYPE_Q6_K, x, raw, 256), 0);
+    CHECK_EQ_INT(quant_quantize_row(QUANT_TYPE_Q8_K, x, raw, 256), 0);
+    CHECK_EQ_INT(quant_quantize_row(16, x, raw, 256), 0);
+    CHECK_EQ_INT(quant_quantize_row(QUANT_TYPE_Q4_K, x, raw, 128), 0);
     CHECK_EQ_INT(quant_quantize_row(41, x, raw, 32), 0);
     CHECK_EQ_INT(quant_quantize_row(QUANT_TYPE_Q4_0, x, raw, 48), 0);
 }

@@ -246,6 +246,12 @@ int cmd_gguf(int argc, char **argv) {
         jsonw_key(&w, "model_ok"); jsonw_bool(&w, model_ok);
         if (!model_ok) { jsonw_key(&w, "model_error"); jsonw_str(&w, merr.msg); }
         if (model != NULL) { jsonw_key(&w, "hparams"); print_hparams_json(&w, dfl_model_hparams(model)); }
+        jsonw_key(&w, "unsupported_types");
+        jsonw_arr_begin(&w);
+        for (int k = 0; k < QUANT_TYPE_COUNT; k++) {
+            if (n_by_type[k] > 0 && !quant_type_get((uint32_t)k)->can_dequantize) jsonw_str(&w, tensor_type_name((uint32_t)k));
+        }
+        jsonw_arr_end(&w);
         jsonw_key(&w, "tokenizer");
         jsonw_obj_begin(&w);
         jsonw_key(&w, "model"); if (tok.model) jsonw_strn(&w, tok.model, tok.model_len); else jsonw_null(&w);
@@ -330,6 +336,13 @@ int cmd_gguf(int argc, char **argv) {
                 printf("  %-6s %5" PRId64 " tensors %14" PRIu64 " bytes\n", tensor_type_name((uint32_t)k), n_by_type[k], bytes_by_type[k]);
             }
         }
+        int n_unsupported = 0;
+        for (int k = 0; k < QUANT_TYPE_COUNT; k++) {
+            if (n_by_type[k] == 0 || quant_type_get((uint32_t)k)->can_dequantize) continue;
+            printf("%s %s (%" PRId64 " tensor%s)", n_unsupported++ ? "," : "unsupported tensor types:",
+                   tensor_type_name((uint32_t)k), n_by_type[k], n_by_type[k] == 1 ? "" : "s");
+        }
+        if (n_unsupported > 0) printf("\n");
         if (model_ok) printf("model: ok (dflash can load it as %s)\n", dfl_arch_name(dfl_model_hparams(model)->arch));
         else printf("model: not loadable by dflash: %s\n", merr.msg);
     }

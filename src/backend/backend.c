@@ -209,7 +209,9 @@ static dfl_status check_same(dfl_error *err, const backend_op *op, const char *n
 bool backend_matmul_type_supported(uint32_t type) {
     switch (type) {
     case QUANT_TYPE_F32: case QUANT_TYPE_F16: case QUANT_TYPE_BF16: case QUANT_TYPE_Q8_0:
-    case QUANT_TYPE_Q4_0: case QUANT_TYPE_Q4_K: case QUANT_TYPE_Q6_K:
+    case QUANT_TYPE_Q4_0: case QUANT_TYPE_Q4_K: case QUANT_TYPE_Q6_K: case QUANT_TYPE_Q4_1:
+    case QUANT_TYPE_Q5_0: case QUANT_TYPE_Q5_1: case QUANT_TYPE_IQ4_NL: case QUANT_TYPE_Q2_K:
+    case QUANT_TYPE_Q3_K: case QUANT_TYPE_Q5_K: case QUANT_TYPE_IQ4_XS:
         return true;
     default:
         return false;
@@ -233,7 +235,7 @@ static dfl_status validate_generic(const backend_op *op, dfl_error *err) {
         TRY(check_tensor(err, op, "x", s1));
         if (!backend_matmul_type_supported(s0->type)) {
             return error_set(err, DFL_ERR_INVALID,
-                             "op matmul: weight type %s is not supported (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)",
+                             "op matmul: weight type %s is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_xs)",
                              type_name(s0->type));
         }
         TRY(check_type(err, op, "x", s1, F32, F32, F32));

@@ -62,7 +62,8 @@ static const gguf_tensor *bind(const gguf_file *f, bind_report *r, const char *n
     int64_t want[2] = {ne0, ne1};
     char ws[64], fs[96];
     shape_str(ws, sizeof(ws), want, n_dims);
-    const char *want_type = kind == BIND_NORM ? "f32" : "f32|f16|bf16|q8_0|q4_0|q4_K|q6_K";
+    const char *want_type =
+        kind == BIND_NORM ? "f32" : "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_K|q3_K|q4_K|q5_K|q6_K|iq4_nl|iq4_xs";
     if (t == NULL) {
         if (!optional) report_add(r, DFL_ERR_MISSING, "%s: expected %s type %s, missing", name, ws, want_type);
         return NULL;
@@ -296,12 +297,36 @@ static int64_t vocab_size_from_tokens(const gguf_file *f) {
     return (kv != NULL && kv->type == GGUF_TYPE_ARRAY) ? (int64_t)kv->arr_n : 0;
 }
 
+/* Every tensor type of the file that we cannot compute with, listed once each with its count, as
+ * the first problem of the report (so a file of an unsupported quantization says so at once). */
+static void report_unsupported_types(const gguf_file *f, bind_report *r) {
+    int64_t count[QUANT_TYPE_COUNT] = {0};
+    int n_types = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const uint32_t type = gguf_tensor_at(f, i)->type;
+        const quant_type_info *ti = quant_type_get(type);
+        if (ti != NULL && ti->can_dequantize) continue;
+        if (type < QUANT_TYPE_COUNT && count[type]++ == 0) n_types++;
+    }
+    if (n_types == 0) return;
+    char list[400];
+    size_t len = 0;
+    list[0] = '\0';
+    for (int k = 0; k < QUANT_TYPE_COUNT && len < sizeof(list); k++) {
+        if (count[k] == 0) continue;
+        len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s (%lld tensor%s)", len ? ", " : "",
+                                type_name((uint32_t)k), (long long)count[k], count[k] == 1 ? "" : "s");
+    }
+    report_add(r, DFL_ERR_UNSUPPORTED, "unsupported tensor type%s %s", n_types == 1 ? "" : "s", list);
+}
+
 static dfl_status bind_all(dfl_model *m, dfl_error *err) {
     const gguf_file *f = m->gguf;
     dfl_hparams *hp = &m->hp;
     bind_report r;
     memset(&r, 0, sizeof(r));
     const bool drafter = hp->arch == DFL_ARCH_DFLASH;
+    report_unsupported_types(f, &r);
 
     const gguf_tensor *te = gguf_find_tensor(f, "token_embd.weight");
     hp->n_vocab = te != NULL && te->n_dims >= 2 ? te->ne[1] : vocab_size_from_tokens(f);

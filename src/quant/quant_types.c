@@ -11,25 +11,25 @@ static const quant_type_info k_types[QUANT_TYPE_COUNT] = {
     [QUANT_TYPE_F32] = {"f32", 1, 4, true, true},
     [QUANT_TYPE_F16] = {"f16", 1, 2, true, true},
     [QUANT_TYPE_Q4_0] = {"q4_0", 32, 18, true, true},
-    [QUANT_TYPE_Q4_1] = {"q4_1", 32, 20, false, false},
-    [QUANT_TYPE_Q5_0] = {"q5_0", 32, 22, false, false},
-    [QUANT_TYPE_Q5_1] = {"q5_1", 32, 24, false, false},
+    [QUANT_TYPE_Q4_1] = {"q4_1", 32, 20, true, true},
+    [QUANT_TYPE_Q5_0] = {"q5_0", 32, 22, true, true},
+    [QUANT_TYPE_Q5_1] = {"q5_1", 32, 24, true, true},
     [QUANT_TYPE_Q8_0] = {"q8_0", 32, 34, true, true},
     [QUANT_TYPE_Q8_1] = {"q8_1", 32, 36, false, false},
-    [QUANT_TYPE_Q2_K] = {"q2_K", 256, 84, false, false},
-    [QUANT_TYPE_Q3_K] = {"q3_K", 256, 110, false, false},
-    [QUANT_TYPE_Q4_K] = {"q4_K", 256, 144, true, false},
-    [QUANT_TYPE_Q5_K] = {"q5_K", 256, 176, false, false},
-    [QUANT_TYPE_Q6_K] = {"q6_K", 256, 210, true, false},
+    [QUANT_TYPE_Q2_K] = {"q2_K", 256, 84, true, true},
+    [QUANT_TYPE_Q3_K] = {"q3_K", 256, 110, true, true},
+    [QUANT_TYPE_Q4_K] = {"q4_K", 256, 144, true, true},
+    [QUANT_TYPE_Q5_K] = {"q5_K", 256, 176, true, true},
+    [QUANT_TYPE_Q6_K] = {"q6_K", 256, 210, true, true},
     [QUANT_TYPE_Q8_K] = {"q8_K", 256, 292, false, false},
     [16] = {"iq2_xxs", 256, 66, false, false},
     [17] = {"iq2_xs", 256, 74, false, false},
     [18] = {"iq3_xxs", 256, 98, false, false},
     [19] = {"iq1_s", 256, 50, false, false},
-    [20] = {"iq4_nl", 32, 18, false, false},
+    [QUANT_TYPE_IQ4_NL] = {"iq4_nl", 32, 18, true, true},
     [21] = {"iq3_s", 256, 110, false, false},
     [22] = {"iq2_s", 256, 82, false, false},
-    [23] = {"iq4_xs", 256, 136, false, false},
+    [QUANT_TYPE_IQ4_XS] = {"iq4_xs", 256, 136, true, true},
     [QUANT_TYPE_I8] = {"i8", 1, 1, false, false},
     [QUANT_TYPE_I16] = {"i16", 1, 2, false, false},
     [QUANT_TYPE_I32] = {"i32", 1, 4, false, false},
@@ -79,6 +79,14 @@ bool quant_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)
     case QUANT_TYPE_Q8_0: dequantize_row_q8_0_ref(src, dst, n); return true;
     case QUANT_TYPE_Q4_K: dequantize_row_q4_K_ref(src, dst, n); return true;
     case QUANT_TYPE_Q6_K: dequantize_row_q6_K_ref(src, dst, n); return true;
+    case QUANT_TYPE_Q4_1: dequantize_row_q4_1_ref(src, dst, n); return true;
+    case QUANT_TYPE_Q5_0: dequantize_row_q5_0_ref(src, dst, n); return true;
+    case QUANT_TYPE_Q5_1: dequantize_row_q5_1_ref(src, dst, n); return true;
+    case QUANT_TYPE_Q2_K: dequantize_row_q2_K_ref(src, dst, n); return true;
+    case QUANT_TYPE_Q3_K: dequantize_row_q3_K_ref(src, dst, n); return true;
+    case QUANT_TYPE_Q5_K: dequantize_row_q5_K_ref(src, dst, n); return true;
+    case QUANT_TYPE_IQ4_NL: dequantize_row_iq4_nl_ref(src, dst, n); return true;
+    case QUANT_TYPE_IQ4_XS: dequantize_row_iq4_xs_ref(src, dst, n); return true;
     default: return false;
     }
 }
@@ -94,6 +102,16 @@ size_t quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t n)
     case QUANT_TYPE_BF16: quantize_row_bf16_ref(src, dst, n); break;
     case QUANT_TYPE_Q4_0: quantize_row_q4_0_ref(src, dst, n); break;
     case QUANT_TYPE_Q8_0: quantize_row_q8_0_ref(src, dst, n); break;
+    case QUANT_TYPE_Q4_1: quantize_row_q4_1_ref(src, dst, n); break;
+    case QUANT_TYPE_Q5_0: quantize_row_q5_0_ref(src, dst, n); break;
+    case QUANT_TYPE_Q5_1: quantize_row_q5_1_ref(src, dst, n); break;
+    case QUANT_TYPE_Q2_K: quantize_row_q2_K_ref(src, dst, n); break;
+    case QUANT_TYPE_Q3_K: quantize_row_q3_K_ref(src, dst, n); break;
+    case QUANT_TYPE_Q4_K: quantize_row_q4_K_ref(src, dst, n); break;
+    case QUANT_TYPE_Q5_K: quantize_row_q5_K_ref(src, dst, n); break;
+    case QUANT_TYPE_Q6_K: quantize_row_q6_K_ref(src, dst, n); break;
+    case QUANT_TYPE_IQ4_NL: quantize_row_iq4_nl_ref(src, dst, n); break;
+    case QUANT_TYPE_IQ4_XS: quantize_row_iq4_xs_ref(src, dst, n); break;
     default: return 0;
     }
     return quant_row_size(type, n);

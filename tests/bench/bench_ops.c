@@ -34,6 +34,10 @@ int main(int argc, char **argv) {
         {QUANT_TYPE_F16, 1024, 3072},  {QUANT_TYPE_BF16, 1024, 3072}, {QUANT_TYPE_F32, 1024, 3072},
         /* the embedded pair's shapes (F16, n_embd 256, n_ff 768, vocab 4096) */
         {QUANT_TYPE_F16, 256, 768},    {QUANT_TYPE_F16, 768, 256},    {QUANT_TYPE_F16, 256, 4096},
+        /* the types added for llama-quantize's presets (shapes 12..19) */
+        {QUANT_TYPE_Q5_K, 1024, 3072}, {QUANT_TYPE_IQ4_XS, 1024, 3072}, {QUANT_TYPE_Q3_K, 1024, 3072},
+        {QUANT_TYPE_Q2_K, 1024, 3072}, {QUANT_TYPE_Q5_0, 1024, 3072},   {QUANT_TYPE_Q4_1, 1024, 3072},
+        {QUANT_TYPE_Q5_1, 1024, 3072}, {QUANT_TYPE_IQ4_NL, 1024, 3072},
     };
     const size_t n_all = sizeof(shapes) / sizeof(shapes[0]);
     const size_t n_shapes = argc > 4 && (size_t)atoi(argv[4]) < n_all ? (size_t)atoi(argv[4]) : n_all;

@@ -34,7 +34,8 @@ SAMPLE_SEED = 0x5EED_F16
 SAMPLE_N = 1 << 18
 
 NAMES = {qn.F32: "f32", qn.F16: "f16", qn.BF16: "bf16", qn.Q4_0: "q4_0", qn.Q8_0: "q8_0",
-         qn.Q4_K: "q4_K", qn.Q6_K: "q6_K"}
+         qn.Q4_K: "q4_K", qn.Q6_K: "q6_K", qn.Q4_1: "q4_1", qn.Q5_0: "q5_0", qn.Q5_1: "q5_1",
+         qn.Q2_K: "q2_K", qn.Q3_K: "q3_K", qn.Q5_K: "q5_K", qn.IQ4_NL: "iq4_nl", qn.IQ4_XS: "iq4_xs"}
 
 
 def f32(*v):
@@ -89,6 +90,14 @@ def dequant_cases(rng, t):
         qn.Q8_0: (qn.BLOCK_Q8_0, 32, ["d"]),
         qn.Q4_K: (qn.BLOCK_Q4_K, 256, ["d", "dmin"]),
         qn.Q6_K: (qn.BLOCK_Q6_K, 256, ["d"]),
+        qn.Q4_1: (qn.BLOCK_Q4_1, 32, ["d", "m"]),
+        qn.Q5_0: (qn.BLOCK_Q5_0, 32, ["d"]),
+        qn.Q5_1: (qn.BLOCK_Q5_1, 32, ["d", "m"]),
+        qn.Q2_K: (qn.BLOCK_Q2_K, 256, ["d", "dmin"]),
+        qn.Q3_K: (qn.BLOCK_Q3_K, 256, ["d"]),
+        qn.Q5_K: (qn.BLOCK_Q5_K, 256, ["d", "dmin"]),
+        qn.IQ4_NL: (qn.BLOCK_IQ4_NL, 32, ["d"]),
+        qn.IQ4_XS: (qn.BLOCK_IQ4_XS, 256, ["d"]),
     }[t]
     counts = (1, 3, 8) if blck == 32 else (1, 2, 5)
     for nb in counts:
@@ -235,6 +244,10 @@ def main():
     rng = np.random.default_rng(20240611)
     for t in (qn.F32, qn.F16, qn.BF16, qn.Q4_0, qn.Q8_0, qn.Q4_K, qn.Q6_K):
         write_cases(os.path.join(OUT, f"dequant_{NAMES[t]}.bin"), dequant_cases(rng, t))
+    # the formats added later draw from their own generator (the older fixtures stay as they were)
+    rng2 = np.random.default_rng(20261201)
+    for t in (qn.Q4_1, qn.Q5_0, qn.Q5_1, qn.Q2_K, qn.Q3_K, qn.Q5_K, qn.IQ4_NL, qn.IQ4_XS):
+        write_cases(os.path.join(OUT, f"dequant_{NAMES[t]}.bin"), dequant_cases(rng2, t))
     with np.errstate(all="ignore"):
         for t in (qn.F32, qn.F16, qn.BF16, qn.Q8_0, qn.Q4_0):
             write_cases(os.path.join(OUT, f"quant_{NAMES[t]}.bin"), quant_cases(rng, t))

@@ -44,7 +44,7 @@ GGML_TYPES = {
     10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
     13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
     24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8),
-    28: ("F64", 1, 8), 30: ("BF16", 1, 2),
+    28: ("F64", 1, 8), 30: ("BF16", 1, 2), 20: ("IQ4_NL", 32, 18), 23: ("IQ4_XS", 256, 136),
 }
 
 
@@ -87,7 +87,7 @@ def dequantize(ggml_type, raw, n):
     if ggml_type in (24, 25, 26, 27):
         dt = {24: "<i1", 25: "<i2", 26: "<i4", 27: "<i8"}[ggml_type]
         return np.frombuffer(raw, dtype=dt, count=n).astype(np.float32)
-    if ggml_type not in (0, 1, 2, 8, 12, 14, 30):
+    if ggml_type not in (0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30):
         raise GGUFError("ggml type %s (%d) is not supported by the reference (quant_np)"
                         % (GGML_TYPES.get(ggml_type, ("?",))[0], ggml_type))
     return np.asarray(quant_dequantize(ggml_type, raw, n), dtype=np.float32)

@@ -1,5 +1,7 @@
 """quant_np.py: an independent numpy implementation of the ggml block formats dflash reads
-(F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K) and writes (F32, F16, BF16, Q8_0, Q4_0).
+(F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS;
+dequantize) and writes (F32, F16, BF16, Q8_0, Q4_0; quantize here, the other quantizers are
+checked byte for byte against llama-quantize's output instead: tests/fixtures/llama-quant/).
 
 Written from the format descriptions (docs/gguf.md, llama.cpp's ggml-quants.c), not from
 src/quant/: blocks are numpy structured arrays and every format is dequantized with whole-array
@@ -13,6 +15,10 @@ Run with /usr/bin/python3 (Debian's interpreter, which has numpy).
 import numpy as np
 
 F32, F16, Q4_0, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 8, 12, 14, 30
+Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS = 3, 6, 7, 10, 11, 13, 20, 23
+
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                         dtype=np.int8)
 
 # Block layouts (little-endian, packed).
 BLOCK_Q4_0 = np.dtype([("d", "<f2"), ("qs", "u1", 16)])                      # 18 B, 32 weights
@@ -22,9 +28,24 @@ BLOCK_Q4_K = np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12),
 BLOCK_Q6_K = np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16),
                        ("d", "<f2")])                                        # 210 B, 256 weights
 
+BLOCK_Q4_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)])       # 20 B, 32 weights
+BLOCK_Q5_0 = np.dtype([("d", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)])      # 22 B, 32 weights
+BLOCK_Q5_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)])  # 24 B
+BLOCK_Q2_K = np.dtype([("scales", "u1", 16), ("qs", "u1", 64), ("d", "<f2"),
+                       ("dmin", "<f2")])                                     # 84 B, 256 weights
+BLOCK_Q3_K = np.dtype([("hmask", "u1", 32), ("qs", "u1", 64), ("scales", "u1", 12),
+                       ("d", "<f2")])                                        # 110 B, 256 weights
+BLOCK_Q5_K = np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qh", "u1", 32),
+                       ("qs", "u1", 128)])                                   # 176 B, 256 weights
+BLOCK_IQ4_NL = np.dtype([("d", "<f2"), ("qs", "u1", 16)])                    # 18 B, 32 weights
+BLOCK_IQ4_XS = np.dtype([("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", 4),
+                         ("qs", "u1", 128)])                                 # 136 B, 256 weights
+
 # ggml type -> (elements per block, bytes per block)
 BLOCKS = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q8_0: (32, 34),
-          Q4_K: (256, 144), Q6_K: (256, 210)}
+          Q4_K: (256, 144), Q6_K: (256, 210), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
+          Q2_K: (256, 84), Q3_K: (256, 110), Q5_K: (256, 176), IQ4_NL: (32, 18),
+          IQ4_XS: (256, 136)}
 
 
 def row_size(ggml_type, n):
@@ -88,6 +109,67 @@ def dequantize(ggml_type, raw, n):
         q = (lo.astype(np.int32) | (hi.astype(np.int32) << 4)) - 32            # [nb, 2, 4, 32]
         scale = _f16(b["d"]) * np.repeat(b["scales"].astype(np.float32), 16, axis=1)  # [nb, 256]
         return (scale * q.reshape(-1, 256).astype(np.float32)).reshape(-1)
+    if ggml_type in (Q4_1, Q5_0, Q5_1, IQ4_NL):
+        dtype = {Q4_1: BLOCK_Q4_1, Q5_0: BLOCK_Q5_0, Q5_1: BLOCK_Q5_1, IQ4_NL: BLOCK_IQ4_NL}[ggml_type]
+        b = _blocks(raw, n, dtype, 32)
+        q = np.concatenate([b["qs"] & 15, b["qs"] >> 4], axis=1).astype(np.int32)  # [nb, 32]
+        if ggml_type in (Q5_0, Q5_1):
+            # bit j of the little-endian u32 qh is the fifth bit of weight j
+            bits = (b["qh"][:, None] >> np.arange(32, dtype=np.uint32)[None, :]) & 1
+            q = q | (bits.astype(np.int32) << 4)
+        if ggml_type == IQ4_NL:
+            return (_f16(b["d"]) * KVALUES_IQ4NL[q].astype(np.float32)).reshape(-1)
+        if ggml_type == Q5_0:
+            return ((q - 16).astype(np.float32) * _f16(b["d"])).reshape(-1)
+        return (q.astype(np.float32) * _f16(b["d"]) + _f16(b["m"])).reshape(-1)
+    if ggml_type in (Q2_K, Q3_K):
+        b = _blocks(raw, n, BLOCK_Q2_K if ggml_type == Q2_K else BLOCK_Q3_K, 256)
+        # weight 128*h + 32*k + l: bits 2k..2k+1 of qs[32*h + l]
+        qs = b["qs"].reshape(-1, 2, 1, 32)
+        q = ((qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3).reshape(-1, 256)
+        q = q.astype(np.int32)
+        if ggml_type == Q2_K:
+            sc = b["scales"]                                                  # [nb, 16]
+            dl = _f16(b["d"]) * (sc & 15).astype(np.float32)                  # [nb, 16]
+            ml = _f16(b["dmin"]) * (sc >> 4).astype(np.float32)
+            dl = np.repeat(dl, 16, axis=1)
+            ml = np.repeat(ml, 16, axis=1)
+            return (dl * q.astype(np.float32) - ml).reshape(-1)
+        # Q3_K: the high bit of weight 32*j + l (j = 0..7) is bit j of hmask[l]; a clear bit
+        # subtracts 4. Scales: 16 x 6 bits, low nibbles in bytes 0..7 (j < 8 low, j >= 8 high),
+        # top 2 bits of scale j in bits 2*(j//4) of byte 8 + j%4.
+        hm = b["hmask"][:, None, :]                                           # [nb, 1, 32]
+        h = ((hm >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1).reshape(-1, 256)
+        q = q - np.where(h == 1, 0, 4)
+        s = b["scales"]
+        j = np.arange(16)
+        lo = np.where(j < 8, s[:, j % 8] & 15, s[:, j % 8] >> 4)
+        hi = (s[:, 8 + j % 4] >> (2 * (j // 4)).astype(np.uint8)) & 3
+        sc = (lo.astype(np.int32) | (hi.astype(np.int32) << 4)) - 32          # [nb, 16]
+        dl = np.repeat(_f16(b["d"]) * sc.astype(np.float32), 16, axis=1)
+        return (dl * q.astype(np.float32)).reshape(-1)
+    if ggml_type == Q5_K:
+        b = _blocks(raw, n, BLOCK_Q5_K, 256)
+        s = b["scales"]
+        sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+        mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+        qs = b["qs"].reshape(-1, 4, 1, 32)
+        lo = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32)    # sub-block j
+        hi = (b["qh"][:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1  # bit j of qh[l]
+        q = lo.astype(np.int32) + 16 * hi.astype(np.int32)                    # [nb, 8, 32]
+        d1 = (_f16(b["d"]) * sc.astype(np.float32))[:, :, None]
+        m1 = (_f16(b["dmin"]) * mn.astype(np.float32))[:, :, None]
+        return (d1 * q.astype(np.float32) - m1).reshape(-1)
+    if ggml_type == IQ4_XS:
+        b = _blocks(raw, n, BLOCK_IQ4_XS, 256)
+        ib = np.arange(8)
+        ls_lo = (b["scales_l"][:, ib // 2] >> (4 * (ib % 2)).astype(np.uint8)) & 15   # [nb, 8]
+        ls_hi = (b["scales_h"][:, None] >> (2 * ib).astype(np.uint16)) & 3
+        ls = ls_lo.astype(np.int32) | (ls_hi.astype(np.int32) << 4)
+        dl = (_f16(b["d"]) * (ls - 32).astype(np.float32))[:, :, None]         # [nb, 8, 1]
+        qs = b["qs"].reshape(-1, 8, 16)
+        q = np.concatenate([qs & 15, qs >> 4], axis=2)                         # [nb, 8, 32]
+        return (dl * KVALUES_IQ4NL[q].astype(np.float32)).reshape(-1)
     raise ValueError(f"dequantize: unsupported ggml type {ggml_type}")
 
 

@@ -1,9 +1,9 @@
 /* cpu_act.c: matmul activation preparation, scalar reference versions. Each weight type has a
  * dot type; the activation rows are converted to it once per matmul, exactly as llama.cpp's x86
  * build does, so that the integer dot products see the same values:
- * - Q8_0 (for Q8_0 / Q4_0 weights): per 32 values amax, d = amax / 127 stored as f16,
+ * - Q8_0 (for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL weights): per 32 values amax, d = amax / 127 stored as f16,
  *   q = round_half_even(x * (127 / amax)) (ggml's AVX quantize_row_q8_0).
- * - Q8_K (for Q4_K / Q6_K weights): per 256 values max = the value of largest magnitude (first),
+ * - Q8_K (for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights): per 256 values max = the value of largest magnitude (first),
  *   iscale = -127 / max, q = min(127, nearest_int(iscale * x)), d = 1 / iscale (f32), and the sums
  *   of each 16 q (ggml's quantize_row_q8_K_ref, which x86 uses).
  * - f16 / bf16 (for F16 / BF16 weights): x rounded to the type (nearest even), kept as f32. */
@@ -18,9 +18,17 @@
 cpu_dot_type cpu_dot_type_of(uint32_t wtype) {
     switch (wtype) {
     case QUANT_TYPE_Q8_0:
-    case QUANT_TYPE_Q4_0: return CPU_DOT_Q8_0;
+    case QUANT_TYPE_Q4_0:
+    case QUANT_TYPE_Q4_1:
+    case QUANT_TYPE_Q5_0:
+    case QUANT_TYPE_Q5_1:
+    case QUANT_TYPE_IQ4_NL: return CPU_DOT_Q8_0;
+    case QUANT_TYPE_Q2_K:
+    case QUANT_TYPE_Q3_K:
     case QUANT_TYPE_Q4_K:
-    case QUANT_TYPE_Q6_K: return CPU_DOT_Q8_K;
+    case QUANT_TYPE_Q5_K:
+    case QUANT_TYPE_Q6_K:
+    case QUANT_TYPE_IQ4_XS: return CPU_DOT_Q8_K;
     default: return CPU_DOT_F32;
     }
 }
@@ -236,14 +244,19 @@ void cpu_kernels_init_ref(cpu_kernels *k) {
     k->mul_row = cpu_mul_row_ref;
     k->argmax_row = cpu_argmax_row_ref;
     k->f16_row = cpu_f16_row_ref;
+    cpu_kernels_init_ext_ref(k);
 }
 
 void cpu_kernels_select(cpu_kernels *k, uint32_t features) {
     cpu_kernels_init_ref(k);
 #if defined(__x86_64__)
-    if (features & BACKEND_CPU_FEATURE_AVX2) cpu_kernels_init_avx2(k);
+    if (features & BACKEND_CPU_FEATURE_AVX2) {
+        cpu_kernels_init_avx2(k);
+        cpu_kernels_init_ext_avx2(k);
+    }
     if ((features & BACKEND_CPU_FEATURE_AVX512) && (features & BACKEND_CPU_FEATURE_AVX512_VNNI)) {
         cpu_kernels_init_avx512(k);
+        cpu_kernels_init_ext_avx512(k);
     }
 #else
     (void)features;

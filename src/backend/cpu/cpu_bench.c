@@ -33,6 +33,11 @@ static void fill_weight(uint8_t *w, uint32_t type, size_t bytes, uint64_t seed) 
         case QUANT_TYPE_Q8_0: case QUANT_TYPE_Q4_0: memcpy(w + off, &d, 2); break;
         case QUANT_TYPE_Q4_K: memcpy(w + off, &d, 2); memcpy(w + off + 2, &d, 2); break;
         case QUANT_TYPE_Q6_K: memcpy(w + off + 208, &d, 2); break;
+        case QUANT_TYPE_Q5_0: case QUANT_TYPE_IQ4_NL: case QUANT_TYPE_IQ4_XS: memcpy(w + off, &d, 2); break;
+        case QUANT_TYPE_Q4_1: case QUANT_TYPE_Q5_1: case QUANT_TYPE_Q5_K:
+            memcpy(w + off, &d, 2); memcpy(w + off + 2, &d, 2); break;
+        case QUANT_TYPE_Q2_K: memcpy(w + off + 80, &d, 2); memcpy(w + off + 82, &d, 2); break;
+        case QUANT_TYPE_Q3_K: memcpy(w + off + 108, &d, 2); break;
         case QUANT_TYPE_F16: memcpy(w + off, &d, 2); break;
         case QUANT_TYPE_BF16: { uint16_t b = fp32_to_bf16(0.01f); memcpy(w + off, &b, 2); break; }
         case QUANT_TYPE_F32: { float f = 0.01f; memcpy(w + off, &f, 4); break; }

@@ -121,6 +121,13 @@ uint32_t cpu_features_detect(void);
 /* Scalar reference matmul over prepared activations (the exact quantized computation). */
 void cpu_matmul_q_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0,
                       int64_t nr, float *dst, int64_t dst_stride, int64_t o0, int64_t o1);
+/* The reference dot of one weight row with activation row r for Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K,
+ * Q3_K, Q5_K, IQ4_XS (cpu_matmul_ref_ext.c). */
+double cpu_dot_row_ext_ref(uint32_t wtype, const void *wrow, const cpu_act *act, int64_t r);
+/* Kernel entries of those types, set after the matching cpu_kernels_init_* (cpu_kernels_ext_*.c). */
+void cpu_kernels_init_ext_ref(cpu_kernels *k);
+void cpu_kernels_init_ext_avx2(cpu_kernels *k);
+void cpu_kernels_init_ext_avx512(cpu_kernels *k);
 
 /* ---- the backend object ------------------------------------------------------------------ */
 

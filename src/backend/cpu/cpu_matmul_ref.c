@@ -115,9 +115,8 @@ static double dot_row(uint32_t wtype, const void *wrow, const cpu_act *act, int6
         return sum;
     }
     default:
-        DFL_ASSERT(0 && "cpu_matmul_q_ref: weight type");
+        return cpu_dot_row_ext_ref(wtype, wrow, act, r);
     }
-    return 0.0;
 }
 
 void cpu_matmul_q_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0,

@@ -354,7 +354,10 @@ static void matmul_small(cuda_backend *be, cuda_queue *q, const backend_op *op) 
     case QUANT_TYPE_BF16: launch_deq<QUANT_TYPE_BF16>(nr, grid, st, wd, w_nb1, xp, x_nb1, dd, ldd, n_in, n_out, n_rows); break;
     case QUANT_TYPE_Q4_K: launch_deq<QUANT_TYPE_Q4_K>(nr, grid, st, wd, w_nb1, xp, x_nb1, dd, ldd, n_in, n_out, n_rows); break;
     case QUANT_TYPE_Q6_K: launch_deq<QUANT_TYPE_Q6_K>(nr, grid, st, wd, w_nb1, xp, x_nb1, dd, ldd, n_in, n_out, n_rows); break;
-    default: cuda_fatal(__FILE__, __LINE__, "cuda_op_matmul", "weight type without a kernel");
+    default:
+        if (!cuda_matmul_small_ext(w->type, nr, grid, st, wd, w_nb1, xp, x_nb1, dd, ldd, n_in, n_out, n_rows)) {
+            cuda_fatal(__FILE__, __LINE__, "cuda_op_matmul", "weight type without a kernel");
+        }
     }
 }
 

@@ -12,6 +12,7 @@
 #define DFL_BACKEND_CUDA_QUANT_CUH
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_quant_ext.cuh"
 
 /* 6-bit scale and min of sub-block j (0..7) of a Q4_K block (ggml's get_scale_min_k4). */
 __device__ __forceinline__ void cu_q4_K_scale_min(int j, const uint8_t *s, float *sc, float *m) {
@@ -92,9 +93,8 @@ __device__ __forceinline__ void cu_dequant8(uint32_t type, const uint8_t *row, i
         }
         break;
     }
-    default:
-#pragma unroll
-        for (int i = 0; i < 8; i++) y[i] = 0.0f;
+    default: /* the types added later: cuda_quant_ext.cuh */
+        cu_dequant8_ext(type, row, e0, y);
         break;
     }
 }

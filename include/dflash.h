@@ -408,7 +408,7 @@ typedef struct dfl_engine_params {
     bool kv_f32;              /* KV caches in f32 (default f16) */
     bool async;               /* queues run on worker threads */
     dfl_device device;        /* default DFL_DEVICE_CPU */
-    /* speculative decoding (read only with a drafter), as in dfl_spec_params */
+    /* speculative decoding (read only with a drafter; docs/drafter.md) */
     int32_t n_draft;          /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
     int32_t n_draft_min;      /* adaptive draft length from n_draft_min (0: always n_draft) */
     float draft_p_min;        /* drafter-probability cut, in [0, 1]; 0: off */

@@ -9,10 +9,10 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-/* default --draft-min (see dfl_spec_params.n_draft_min) */
+/* default --draft-min (see dfl_engine_params.n_draft_min) */
 #define CLI_DRAFT_MIN 1
 #define CLI_DRAFT_MIN_STR "1"
-/* default --draft-p-min (see dfl_spec_params.draft_p_min) */
+/* default --draft-p-min (see dfl_engine_params.draft_p_min) */
 #define CLI_DRAFT_P_MIN 0.0f
 #define CLI_DRAFT_P_MIN_STR "0"
 

@@ -306,7 +306,8 @@ dfl_status dfl_batch_set_state(dfl_batch *batch, int64_t idx, const float *state
 /* ---- sampler ---------------------------------------------------------------------------- */
 
 /* Token sampling. The transforms run in llama.cpp's default-chain order:
- *   repetition penalty -> top-k -> top-p -> min-p -> temperature -> softmax -> draw.
+ *   penalties (repetition, frequency, presence) -> top-k -> top-p -> min-p -> temperature ->
+ *   softmax -> draw.
  * top-p and min-p therefore act on the temperature-1 distribution. temp <= 0 is greedy: argmax
  * of the (penalized) logits, the lowest id wins ties, no random number is used. The random
  * numbers come from the sampler's own seeded generator (xoshiro256**): the same seed and inputs
@@ -317,13 +318,19 @@ typedef struct dfl_sampler_params {
     float top_p;            /* keep the smallest top set with mass >= top_p, in [0, 1]; 1: off */
     float min_p;            /* keep tokens with p >= min_p * p_max, in [0, 1]; 0: off */
     float repeat_penalty;   /* > 0; 1: off. logit > 0 is divided by it, logit <= 0 multiplied */
-    int32_t repeat_last_n;  /* accepted tokens the penalty looks back on, >= 0; 0: off */
+    int32_t repeat_last_n;  /* accepted tokens the penalties look back on, >= 0; 0: off */
+    /* OpenAI-style additive penalties over the same window, after the repetition penalty:
+     * logit -= count * frequency_penalty + presence_penalty for each token of the window (count:
+     * its occurrences there); each in [-100, 100], 0: off */
+    float presence_penalty;
+    float frequency_penalty;
     uint64_t seed;          /* seed of the generator */
 } dfl_sampler_params;
 
 typedef struct dfl_sampler dfl_sampler;
 
-/* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1, repeat_last_n 64, seed 0. */
+/* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1, repeat_last_n 64, presence and
+ * frequency penalties 0, seed 0. */
 dfl_sampler_params dfl_sampler_default_params(void);
 /* Returns NULL and fills err (may be NULL) on an invalid parameter or a failed allocation. */
 dfl_sampler *dfl_sampler_new(const dfl_sampler_params *params, int64_t n_vocab, dfl_error *err);

@@ -236,6 +236,60 @@ TEST(sample_top_k_large_vocab) {
     dfl_sampler_free(s);
 }
 
+TEST(sample_presence_frequency_penalty) {
+    static const float L[6] = {2.0f, 1.0f, 0.0f, 3.0f, -1.0f, 1.0f};
+    dfl_error err;
+    error_clear(&err);
+    dfl_sampler_params p = params_plain(1.0f);
+    p.repeat_penalty = 2.0f;
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.25f;
+    p.repeat_last_n = 4;
+    dfl_sampler *s = dfl_sampler_new(&p, 6, &err);
+    REQUIRE(s != NULL);
+    /* window {3, 4, 3, 1}: 3 -> 3/2 - 2*0.25 - 0.5 = 0.5; 4 -> -1*2 - 0.25 - 0.5 = -2.75;
+     * 1 -> 1/2 - 0.25 - 0.5 = -0.25 */
+    dfl_sampler_accept(s, 3);
+    dfl_sampler_accept(s, 4);
+    dfl_sampler_accept(s, 3);
+    dfl_sampler_accept(s, 1);
+    float pr[6];
+    REQUIRE(sampler_probs(s, L, pr, &err) == DFL_OK);
+    {
+        const double e[6] = {exp(2.0), exp(-0.25), exp(0.0), exp(0.5), exp(-2.75), exp(1.0)};
+        const double z = e[0] + e[1] + e[2] + e[3] + e[4] + e[5];
+        for (int j = 0; j < 6; j++) CHECK_NEAR(pr[j], e[j] / z, 1e-6);
+    }
+    /* extra tokens count too: window = last 4 of {3, 4, 3, 1, 5, 5} = {3, 1, 5, 5} */
+    const int32_t extra[2] = {5, 5};
+    REQUIRE(sampler_probs_after(s, L, extra, 2, pr, &err) == DFL_OK);
+    {   /* 3 -> 1.5 - 0.25 - 0.5 = 0.75; 1 -> -0.25; 5 -> 0.5 - 0.5 - 0.5 = -0.5 */
+        const double e[6] = {exp(2.0), exp(-0.25), exp(0.0), exp(0.75), exp(-1.0), exp(-0.5)};
+        const double z = e[0] + e[1] + e[2] + e[3] + e[4] + e[5];
+        for (int j = 0; j < 6; j++) CHECK_NEAR(pr[j], e[j] / z, 1e-6);
+    }
+    dfl_sampler_free(s);
+    /* the additive penalties alone (repeat_penalty 1) act as well; greedy follows them */
+    p = params_plain(0.0f);
+    p.presence_penalty = 2.0f;
+    p.repeat_last_n = 8;
+    s = dfl_sampler_new(&p, 6, &err);
+    REQUIRE(s != NULL);
+    CHECK_EQ_INT(dfl_sampler_sample(s, L), 3);
+    dfl_sampler_accept(s, 3); /* 3 -> 1.0 < 2.0 */
+    CHECK_EQ_INT(dfl_sampler_sample(s, L), 0);
+    dfl_sampler_free(s);
+    /* out of range values are refused with the value and the limit */
+    p.presence_penalty = 101.0f;
+    CHECK(dfl_sampler_new(&p, 6, &err) == NULL);
+    CHECK_STR_CONTAINS(err.msg, "presence_penalty 101 must be in [-100, 100]");
+    p.presence_penalty = 0.0f;
+    p.frequency_penalty = NAN;
+    error_clear(&err);
+    CHECK(dfl_sampler_new(&p, 6, &err) == NULL);
+    CHECK_STR_CONTAINS(err.msg, "frequency_penalty");
+}
+
 TEST(sample_repetition_penalty) {
     static const float L[6] = {2.0f, 1.0f, 0.0f, 3.0f, -1.0f, 1.0f};
     dfl_error err;

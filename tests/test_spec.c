@@ -254,7 +254,7 @@ TEST(spec_drafter_vs_numpy) {
         dfl_error err = {0};
         float *logits = malloc(7 * NV * sizeof(float));
         CHECK(dfl_spec_prefill(p.spec, 0, prompt, 13, &first, &err) == DFL_OK);
-        CHECK(drafter_draft(p.dctx, 1, (int32_t[]){0}, &first, 7, draft, logits, &err) == DFL_OK);
+        CHECK(drafter_draft(p.dctx, 1, (int32_t[]){0}, &first, 7, NULL, draft, logits, &err) == DFL_OK);
         double e = tu_rel_err(logits, ref, 7 * NV);
         printf("    drafter block logits (f32, f32 KV) vs numpy: max rel err %.3g\n", e);
         CHECK_MSG(e < 1e-4, "drafter logits relative error %.3g", e);

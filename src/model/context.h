@@ -142,12 +142,13 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
  * (an embedding of n_tl*n_embd floats: host path; or an embd row of the target's feature buffer:
  * device path) at its position; fuses them (fc + rmsnorm) and writes every layer's K/V there. */
 dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err);
-/* Drafts one block per sequence: [last, MASK x (B-1)] at positions seq_len .. seq_len+B-1,
- * non-causal over the injected context; writes n_draft (<= B-1) argmax tokens per sequence to
- * out [n, n_draft] and, if logits_out is not NULL, their logits [n, n_draft, n_vocab]. The block's
- * K/V are dropped afterwards. */
+/* Drafts one block per sequence: [last, MASK x len] at positions seq_len .. seq_len+len,
+ * non-causal over the injected context, len = lens[i] (1..n_draft; lens NULL: n_draft for all,
+ * n_draft <= B-1); writes the len argmax tokens of sequence i to out [n, n_draft] (row i, stride
+ * n_draft) and, if logits_out is not NULL, their logits [n, n_draft, n_vocab]. The block's K/V
+ * are dropped afterwards. */
 dfl_status drafter_draft(dfl_context *d, int32_t n, const int32_t *seqs, const int32_t *last, int32_t n_draft,
-                         int32_t *out, float *logits_out, dfl_error *err);
+                         const int32_t *lens, int32_t *out, float *logits_out, dfl_error *err);
 
 /* Binds the model's weights as backend tensors. */
 dfl_status ctx_weights_bind(ctx_weights *w, const dfl_model *model, dfl_error *err);

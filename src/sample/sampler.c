@@ -17,6 +17,7 @@
 #include <string.h>
 
 #define SAMPLER_MAX_WINDOW ((int64_t)1 << 24)
+#define SAMPLER_MAX_ADD_PENALTY 100.0
 
 typedef struct sampler_cand {
     int32_t id;
@@ -31,7 +32,8 @@ struct dfl_sampler {
     int32_t *window;     /* [repeat_last_n] ring buffer of accepted tokens */
     int64_t n_window;    /* tokens in the window, <= repeat_last_n */
     int64_t head;        /* next slot to write */
-    uint32_t *pen_mark;  /* [n_vocab] == pen_epoch: penalized in the current call */
+    uint32_t *pen_mark;  /* [n_vocab] == pen_epoch: in the penalty window of the current call */
+    uint32_t *pen_count; /* [n_vocab] occurrences in the window (valid where pen_mark == pen_epoch) */
     uint32_t pen_epoch;
     sampler_cand *cand;  /* [n_vocab] candidates of the current call */
 };
@@ -44,6 +46,8 @@ dfl_sampler_params dfl_sampler_default_params(void) {
     p.min_p = 0.05f;
     p.repeat_penalty = 1.0f;
     p.repeat_last_n = 64;
+    p.presence_penalty = 0.0f;
+    p.frequency_penalty = 0.0f;
     p.seed = 0;
     return p;
 }
@@ -75,6 +79,16 @@ dfl_sampler *dfl_sampler_new(const dfl_sampler_params *params, int64_t n_vocab, 
                   (double)p->repeat_penalty);
         return NULL;
     }
+    if (!(p->presence_penalty >= -SAMPLER_MAX_ADD_PENALTY && p->presence_penalty <= SAMPLER_MAX_ADD_PENALTY)) {
+        error_set(err, DFL_ERR_INVALID, "sampler: presence_penalty %g must be in [%g, %g] (0 = off)",
+                  (double)p->presence_penalty, -SAMPLER_MAX_ADD_PENALTY, SAMPLER_MAX_ADD_PENALTY);
+        return NULL;
+    }
+    if (!(p->frequency_penalty >= -SAMPLER_MAX_ADD_PENALTY && p->frequency_penalty <= SAMPLER_MAX_ADD_PENALTY)) {
+        error_set(err, DFL_ERR_INVALID, "sampler: frequency_penalty %g must be in [%g, %g] (0 = off)",
+                  (double)p->frequency_penalty, -SAMPLER_MAX_ADD_PENALTY, SAMPLER_MAX_ADD_PENALTY);
+        return NULL;
+    }
     if (p->repeat_last_n < 0 || p->repeat_last_n > SAMPLER_MAX_WINDOW) {
         error_set(err, DFL_ERR_INVALID, "sampler: repeat_last_n %d must be in [0, %lld]", p->repeat_last_n,
                   (long long)SAMPLER_MAX_WINDOW);
@@ -89,8 +103,9 @@ dfl_sampler *dfl_sampler_new(const dfl_sampler_params *params, int64_t n_vocab, 
     s->n_vocab = n_vocab;
     s->cand = malloc((size_t)n_vocab * sizeof(sampler_cand));
     s->pen_mark = calloc((size_t)n_vocab, sizeof(uint32_t));
+    s->pen_count = calloc((size_t)n_vocab, sizeof(uint32_t));
     s->window = malloc((size_t)(p->repeat_last_n > 0 ? p->repeat_last_n : 1) * sizeof(int32_t));
-    if (s->cand == NULL || s->pen_mark == NULL || s->window == NULL) {
+    if (s->cand == NULL || s->pen_mark == NULL || s->pen_count == NULL || s->window == NULL) {
         error_set(err, DFL_ERR_NOMEM, "sampler: out of memory for a vocabulary of %lld", (long long)n_vocab);
         dfl_sampler_free(s);
         return NULL;
@@ -103,6 +118,7 @@ void dfl_sampler_free(dfl_sampler *s) {
     if (s == NULL) return;
     free(s->cand);
     free(s->pen_mark);
+    free(s->pen_count);
     free(s->window);
     free(s);
 }
@@ -170,7 +186,17 @@ static void cand_select_top(sampler_cand *c, int64_t n, int64_t k) {
     }
 }
 
-/* Marks the tokens of the penalty window: the last repeat_last_n of (window, then extra). */
+/* Counts one more occurrence of token v in the current call's window. */
+static void sampler_count(dfl_sampler *s, int32_t v) {
+    if (s->pen_mark[v] != s->pen_epoch) {
+        s->pen_mark[v] = s->pen_epoch;
+        s->pen_count[v] = 0;
+    }
+    s->pen_count[v]++;
+}
+
+/* Marks (and counts) the tokens of the penalty window: the last repeat_last_n of (window, then
+ * extra). */
 static dfl_status sampler_mark_window(dfl_sampler *s, const int32_t *extra, int64_t n_extra, dfl_error *err) {
     const int64_t cap = s->params.repeat_last_n;
     if (++s->pen_epoch == 0) { /* wrapped: forget all stamps */
@@ -184,11 +210,11 @@ static dfl_status sampler_mark_window(dfl_sampler *s, const int32_t *extra, int6
             return error_set(err, DFL_ERR_INVALID, "sampler: extra token %lld (id %d) is outside [0, %lld)",
                              (long long)k, extra[k], (long long)s->n_vocab);
         }
-        s->pen_mark[extra[k]] = s->pen_epoch;
+        sampler_count(s, extra[k]);
     }
     for (int64_t k = 0; k < n_from_window; k++) {
         const int64_t slot = ((s->head - 1 - k) % cap + cap) % cap;
-        s->pen_mark[s->window[slot]] = s->pen_epoch;
+        sampler_count(s, s->window[slot]);
     }
     return DFL_OK;
 }
@@ -203,8 +229,10 @@ static dfl_status sampler_run(dfl_sampler *s, const float *logits, const int32_t
     if (n_extra < 0 || (n_extra > 0 && extra == NULL)) {
         return error_set(err, DFL_ERR_INVALID, "sampler: bad extra tokens (n %lld)", (long long)n_extra);
     }
-    /* 1. repetition penalty (llama.cpp: each distinct token of the window once) */
-    const bool penalize = p->repeat_penalty != 1.0f && p->repeat_last_n > 0;
+    /* 1. penalties (llama.cpp: each distinct token of the window once: the repetition penalty
+     * scales its logit, then frequency * count + presence is subtracted) */
+    const bool penalize = (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) &&
+                          p->repeat_last_n > 0;
     if (penalize) {
         const dfl_status st = sampler_mark_window(s, extra, n_extra, err);
         if (st != DFL_OK) return st;
@@ -219,6 +247,7 @@ static dfl_status sampler_run(dfl_sampler *s, const float *logits, const int32_t
         if (l == -INFINITY) continue; /* masked: never drawn */
         if (penalize && s->pen_mark[v] == s->pen_epoch) {
             l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+            l -= (float)s->pen_count[v] * p->frequency_penalty + p->presence_penalty;
         }
         c[n].id = (int32_t)v;
         c[n].logit = l;

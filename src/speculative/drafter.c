@@ -118,7 +118,7 @@ dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err
 }
 
 dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, const int32_t *last, int32_t n_draft,
-                         int32_t *out, float *logits_out, dfl_error *err) {
+                         const int32_t *lens, int32_t *out, float *logits_out, dfl_error *err) {
     const dfl_hparams *hp = &d->model->hp;
     const int64_t B = hp->block_size;
     if (n_active <= 0 || n_active > d->kv.n_seq) {
@@ -138,24 +138,28 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         if (last[i] < 0 || last[i] >= d->n_vocab) {
             return error_set(err, DFL_ERR_INVALID, "draft: token %d is outside the vocabulary", last[i]);
         }
+        if (lens != NULL && (lens[i] < 1 || lens[i] > n_draft)) {
+            return error_set(err, DFL_ERR_INVALID, "draft: sequence %d's draft length %d is outside 1..%d", seqs[i], lens[i],
+                             n_draft);
+        }
         if (d->kv.seq_len[seqs[i]] + n_draft + 1 > d->kv.n_ctx) {
             return error_set(err, DFL_ERR_CTX_FULL, "draft: sequence %d has no room for a block of %d", seqs[i],
                              n_draft + 1);
         }
     }
     context_sync_pending(d);
-    /* the block as a micro-batch of nb = n_draft + 1 positions per sequence: sequence i's slots
-     * are entries [i*nb, (i+1)*nb) */
-    const int64_t nb = (int64_t)n_draft + 1;
-    const int64_t n = (int64_t)n_active * nb;
+    /* the block as a micro-batch of nb_i = len_i + 1 positions per sequence i (its own draft
+     * length, so that its drafts do not depend on the other sequences of the pass), one after
+     * the other */
+    int64_t n = 0;
     for (int32_t i = 0; i < n_active; i++) {
         const int64_t start = d->kv.seq_len[seqs[i]];
-        for (int64_t k = 0; k < nb; k++) {
-            const int64_t e = i * nb + k;
-            d->blk_tok[e] = k == 0 ? last[i] : (int32_t)hp->mask_token_id;
-            d->blk_pos[e] = (int32_t)(start + k);
-            d->blk_seq[e] = seqs[i];
-            d->blk_out[e] = k >= 1 && k <= n_draft;
+        const int64_t nb = (lens != NULL ? lens[i] : n_draft) + 1;
+        for (int64_t k = 0; k < nb; k++, n++) {
+            d->blk_tok[n] = k == 0 ? last[i] : (int32_t)hp->mask_token_id;
+            d->blk_pos[n] = (int32_t)(start + k);
+            d->blk_seq[n] = seqs[i];
+            d->blk_out[n] = k >= 1;
         }
     }
     batch_ubatch ub;
@@ -185,7 +189,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         fwd_attention_block(d, il, x, n, n_groups);
         fwd_ffn_block(d, il, x, n);
     }
-    /* head on slots 1..n_draft of every block, in entry order: row i*n_draft + (k-1) */
+    /* head on slots 1..len_i of every block, in entry order (packed) */
     tensor rows = fwd_vec_head(&s->rows, n_out);
     tensor x_out = tensor_rows(&s->x_out, 0, n_out);                  /* [n_embd, n_out] */
     op_get_rows(q, x_out, x, rows);
@@ -201,6 +205,20 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     }
     backend_queue_synchronize(q);
     d->pending = false;
+    if (lens != NULL) {
+        /* outputs came packed (sequence i's len_i rows after those of sequences < i): spread them
+         * to stride n_draft, last sequence first (its packed offset is <= its strided one) */
+        int64_t off = n_out;
+        for (int32_t i = n_active - 1; i >= 0; i--) {
+            off -= lens[i];
+            const int64_t dst = (int64_t)i * n_draft;
+            memmove(out + dst, out + off, (size_t)lens[i] * sizeof(int32_t));
+            if (logits_out != NULL) {
+                memmove(logits_out + dst * d->n_vocab, logits_out + off * d->n_vocab,
+                        (size_t)lens[i] * (size_t)d->n_vocab * sizeof(float));
+            }
+        }
+    }
     /* the block's K/V are dropped: seq_len was never advanced past start */
     return DFL_OK;
 }

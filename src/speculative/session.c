@@ -1,7 +1,9 @@
-/* spec.c: the DFlash speculative state machine (SPEC section 3) over a target context and a
+/* session.c: the DFlash speculative state machine (SPEC section 3) over a target context and a
  * drafter context. Several sequences advance together: one drafter pass drafts a block for
- * every active sequence, one target batch verifies them all. */
-#include "dflash.h"
+ * every active sequence (each its own length), one target batch verifies them all. Every
+ * sequence samples and verifies with its own sampler, through the same transform chain as plain
+ * decoding (penalties included). */
+#include "speculative/session.h"
 #include "base/error.h"
 #include "batch/batch.h"
 #include "model/context.h"
@@ -22,7 +24,10 @@ struct dfl_spec {
     int32_t n_seq;
     int64_t n_vocab;
     int64_t width;          /* n_tl * n_embd: floats of one token's raw features */
-    dfl_sampler *sampler;   /* the target's sampling transforms (temp > 0) */
+    dfl_sampler *sampler;   /* the session's own sampler (dfl_spec_params' transforms) */
+    dfl_sampler **smp;      /* [n_seq] each sequence's sampler (default: sampler) */
+    int32_t *kmax;          /* [n_seq] each sequence's longest draft (<= n_draft) */
+    int32_t *lens;          /* [n_seq] draft length of each sequence of the current pass */
     int32_t *last;          /* [n_seq] committed token not yet in the target's cache, -1: idle */
     int32_t *draft;         /* [n_seq, n_draft] */
     int32_t *n_use;         /* [n_seq] drafts verified this step (<= n_draft; draft_p_min cut) */
@@ -30,7 +35,7 @@ struct dfl_spec {
     float *dlogits;         /* [n_seq * n_draft, n_vocab] drafter logits (draft_p_min > 0 only) */
     dfl_batch *verify;      /* [n_seq * (n_draft+1)] token entries */
     dfl_batch *inject;      /* drafter injection entries (features or rows) */
-    float *probs;           /* [n_draft+1, n_vocab] target distributions of one sequence (temp > 0) */
+    float *probs;           /* [n_draft+1, n_vocab] target distributions of one sequence (sampling) */
     int64_t *vidx;          /* [n_seq] index of each sequence's first entry in the verify batch */
     dfl_spec_stats stats;
     dfl_feature_path path;  /* the path in use (a device request may fall back to host) */
@@ -44,7 +49,7 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static int32_t draft_start(const dfl_spec *s);
+static int32_t draft_start(const dfl_spec *s, int32_t seq);
 
 dfl_spec_params dfl_spec_default_params(void) {
     dfl_spec_params p;
@@ -63,6 +68,9 @@ void dfl_spec_free(dfl_spec *s) {
     dfl_sampler_free(s->sampler);
     dfl_batch_free(s->verify);
     dfl_batch_free(s->inject);
+    free(s->smp);
+    free(s->kmax);
+    free(s->lens);
     free(s->last);
     free(s->draft);
     free(s->probs);
@@ -151,9 +159,12 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     }
     dft->wait_on_device = p.wait == DFL_WAIT_DEVICE;
     s->inject = dfl_batch_init(n_inject, s->path == DFL_FEATURES_HOST ? s->width : 0, 1, err);
-    if (p.temp > 0.0f) s->probs = malloc((size_t)(p.n_draft + 1) * (size_t)s->n_vocab * sizeof(float));
+    s->probs = malloc((size_t)(p.n_draft + 1) * (size_t)s->n_vocab * sizeof(float));
+    s->smp = calloc((size_t)n_seq, sizeof(dfl_sampler *));
+    s->kmax = calloc((size_t)n_seq, sizeof(int32_t));
+    s->lens = calloc((size_t)n_seq, sizeof(int32_t));
     if (s->sampler == NULL || s->last == NULL || s->draft == NULL || s->vidx == NULL || s->n_use == NULL || s->want == NULL ||
-        s->verify == NULL || s->inject == NULL || (p.temp > 0.0f && s->probs == NULL) ||
+        s->verify == NULL || s->inject == NULL || s->probs == NULL || s->smp == NULL || s->kmax == NULL || s->lens == NULL ||
         (p.draft_p_min > 0.0f && s->dlogits == NULL)) {
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the speculative session");
         dfl_spec_free(s);
@@ -161,7 +172,9 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     }
     for (int32_t i = 0; i < n_seq; i++) {
         s->last[i] = -1;
-        s->want[i] = draft_start(s);
+        s->smp[i] = s->sampler;
+        s->kmax[i] = s->n_draft;
+        s->want[i] = draft_start(s, i);
     }
     /* the device path reads the target's feature buffer in place: no host copy of features */
     tgt->features_to_host = s->path == DFL_FEATURES_HOST && tgt->feat_device;
@@ -175,19 +188,34 @@ const char *dfl_spec_feature_path_name(const dfl_spec *s) { return s->path == DF
 const char *dfl_spec_feature_note(const dfl_spec *s) { return s->note; }
 
 /* A sequence's first draft length. */
-static int32_t draft_start(const dfl_spec *s) {
-    if (s->params.n_draft_min <= 0) return s->n_draft;
+static int32_t draft_start(const dfl_spec *s, int32_t seq) {
+    const int32_t kmax = s->kmax[seq];
+    const int32_t kmin = s->params.n_draft_min < kmax ? s->params.n_draft_min : kmax;
+    if (kmin <= 0) return kmax;
     int32_t k = DFL_DRAFT_START;
-    if (k < s->params.n_draft_min) k = s->params.n_draft_min;
-    return k < s->n_draft ? k : s->n_draft;
+    if (k < kmin) k = kmin;
+    return k < kmax ? k : kmax;
 }
+
+void spec_seq_set_sampler(dfl_spec *s, int32_t seq, dfl_sampler *smp) {
+    if (seq < 0 || seq >= s->n_seq) return;
+    s->smp[seq] = smp != NULL ? smp : s->sampler;
+}
+
+void spec_seq_set_max_draft(dfl_spec *s, int32_t seq, int32_t n_draft) {
+    if (seq < 0 || seq >= s->n_seq) return;
+    s->kmax[seq] = n_draft >= 1 && n_draft <= s->n_draft ? n_draft : s->n_draft;
+    s->want[seq] = draft_start(s, seq);
+}
+
+int32_t spec_step_room(const dfl_spec *s) { return s->n_draft + 1; }
 
 void dfl_spec_seq_reset(dfl_spec *s, int32_t seq) {
     if (seq < 0 || seq >= s->n_seq) return;
     dfl_seq_remove(s->tgt, seq, 0, NULL);
     dfl_seq_remove(s->dft, seq, 0, NULL);
     s->last[seq] = -1;
-    s->want[seq] = draft_start(s);
+    s->want[seq] = draft_start(s, seq);
 }
 
 /* Feeds the drafter the features of entries [i0, i0 + n) of the target's last batch, which
@@ -226,10 +254,21 @@ static int32_t argmax_row(const float *x, int64_t n) {
 
 dfl_status dfl_spec_prefill(dfl_spec *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int32_t *first,
                             dfl_error *err) {
+    if (seq >= 0 && seq < s->n_seq && (dfl_seq_len(s->tgt, seq) != 0 || dfl_seq_len(s->dft, seq) != 0)) {
+        return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d is not empty (reset it first)", seq);
+    }
+    return spec_prefill_from(s, seq, prompt, n_prompt, 0, first, err);
+}
+
+dfl_status spec_prefill_from(dfl_spec *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t n_cached,
+                             int32_t *first, dfl_error *err) {
     if (seq < 0 || seq >= s->n_seq) return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d is out of range", seq);
     if (n_prompt < 1 || prompt == NULL) return error_set(err, DFL_ERR_INVALID, "prefill: the prompt is empty");
-    if (dfl_seq_len(s->tgt, seq) != 0 || dfl_seq_len(s->dft, seq) != 0) {
-        return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d is not empty (reset it first)", seq);
+    if (n_cached < 0 || n_cached >= n_prompt || dfl_seq_len(s->tgt, seq) != n_cached ||
+        dfl_seq_len(s->dft, seq) != n_cached) {
+        return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d holds %lld (target) and %lld (drafter) positions, "
+                         "expected the %lld cached prompt tokens", seq, (long long)dfl_seq_len(s->tgt, seq),
+                         (long long)dfl_seq_len(s->dft, seq), (long long)n_cached);
     }
     const int64_t room = dfl_n_ctx(s->tgt) - (s->n_draft + 1);
     if (n_prompt > room) {
@@ -244,13 +283,12 @@ dfl_status dfl_spec_prefill(dfl_spec *s, int32_t seq, const int32_t *prompt, int
     }
     const double t0 = now_ms();
     const int64_t chunk = s->tgt->params.n_batch;
-    dfl_batch *b = s->inject; /* reused as the prompt chunk batch only when it has no embeddings */
     dfl_batch *pb = dfl_batch_init(chunk, 0, 1, err);
     if (pb == NULL) return err ? err->code : DFL_ERR_NOMEM;
-    (void)b;
+    dfl_sampler *smp = s->smp[seq];
     dfl_status st = DFL_OK;
     int32_t tok = -1;
-    for (int64_t off = 0; off < n_prompt && st == DFL_OK; off += chunk) {
+    for (int64_t off = n_cached; off < n_prompt && st == DFL_OK; off += chunk) {
         const int64_t m = n_prompt - off < chunk ? n_prompt - off : chunk;
         dfl_batch_clear(pb);
         for (int64_t k = 0; k < m; k++) {
@@ -260,9 +298,11 @@ dfl_status dfl_spec_prefill(dfl_spec *s, int32_t seq, const int32_t *prompt, int
         st = dfl_decode(s->tgt, pb, err);
         if (st == DFL_OK) st = inject_rows(s, seq, 0, m, err);
         if (st == DFL_OK && off + m == n_prompt) {
+            for (int64_t i = 0; i < n_prompt; i++) dfl_sampler_accept(smp, prompt[i]);
             const float *lg = dfl_get_logits(s->tgt, m - 1);
-            tok = dfl_sampler_sample(s->sampler, lg);
+            tok = dfl_sampler_sample(smp, lg);
             if (tok < 0) st = error_set(err, DFL_ERR_INVALID, "prefill: the target's logits are not finite");
+            else dfl_sampler_accept(smp, tok);
         }
     }
     dfl_batch_free(pb);
@@ -274,7 +314,7 @@ dfl_status dfl_spec_prefill(dfl_spec *s, int32_t seq, const int32_t *prompt, int
     *first = tok;
     s->stats.t_prefill_ms += now_ms() - t0;
     s->stats.feature_host_bytes = s->tgt->feature_host_bytes - s->host_bytes_base;
-    s->stats.n_prefill_tokens += n_prompt;
+    s->stats.n_prefill_tokens += n_prompt - n_cached;
     return DFL_OK;
 }
 
@@ -299,14 +339,15 @@ static int32_t draft_keep(const float *rows, const int32_t *d, int32_t k, int64_
 /*
  * One speculative step for n sequences:
  *   1. draft: one drafter pass decodes the block [last, MASK x k] of every sequence (non-causal
- *      over its injected context; k = n_draft, or with n_draft_min the longest draft length any
- *      of the sequences wants) -> d_1..d_k per sequence; a sequence keeps d_1..d_m, m = its own
- *      wanted length, cut with draft_p_min before the first draft whose drafter probability is
- *      below it (below, k stands for the sequence's m);
+ *      over its injected context; k = the sequence's own draft length: n_draft, or with
+ *      n_draft_min its adaptive length, so its drafts depend on its own state only) -> d_1..d_k;
+ *      a sequence keeps d_1..d_m, cut with draft_p_min before the first draft whose drafter
+ *      probability is below it (below, k stands for the sequence's m);
  *   2. verify: one target batch of [last, d_1..d_k] per sequence at positions start..start+k,
  *      logits at every entry, layer inputs captured;
- *   3. accept: a = the longest prefix with d_{i+1} == argmax(logits_i) (greedy), or the
- *      rejection rule at temperature > 0; commit d_1..d_a and the bonus token;
+ *   3. accept: a = the longest prefix with d_{i+1} == argmax(logits_i) (greedy without
+ *      penalties), or the rejection rule on the sequence's sampler distributions (sampling, or
+ *      penalties: slot j sees d_1..d_j in its penalty window); commit d_1..d_a and the bonus;
  *   4. roll back the target: remove positions >= start + a + 1 (the bonus is not yet cached);
  *   5. feed the drafter the features of positions start .. start+a from this verify batch
  *      (never the bonus position); the drafter's block K/V were already dropped;
@@ -315,11 +356,28 @@ static int32_t draft_keep(const float *rows, const int32_t *d, int32_t k, int64_
  */
 dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
                          dfl_error *err) {
+    return spec_step_ex(s, n, seqs, tokens, n_tokens, NULL, err);
+}
+
+/* True when seq's sampler is greedy without penalties: verification is then the argmax rule on
+ * the raw logits. */
+static bool plain_greedy(const dfl_sampler *smp) {
+    const dfl_sampler_params *p = sampler_params(smp);
+    const bool penalties = p->repeat_last_n > 0 &&
+                           (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
+    return p->temp <= 0.0f && !penalties;
+}
+
+dfl_status spec_step_ex(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
+                        int32_t *n_drafted, dfl_error *err) {
     const int32_t K = s->n_draft; /* the longest draft: tokens rows have K + 1 entries */
     if (n < 1 || n > s->n_seq) return error_set(err, DFL_ERR_INVALID, "step: %d sequences (expected 1..%d)", n, s->n_seq);
     for (int32_t i = 0; i < n; i++) {
         if (seqs[i] < 0 || seqs[i] >= s->n_seq || s->last[seqs[i]] < 0) {
             return error_set(err, DFL_ERR_INVALID, "step: sequence %d is out of range or not prefilled", seqs[i]);
+        }
+        for (int32_t j = 0; j < i; j++) {
+            if (seqs[j] == seqs[i]) return error_set(err, DFL_ERR_INVALID, "step: sequence %d listed twice", seqs[i]);
         }
         if (dfl_seq_len(s->tgt, seqs[i]) + K + 1 > dfl_n_ctx(s->tgt)) {
             return error_set(err, DFL_ERR_CTX_FULL, "step: sequence %d is full (%lld of %lld positions)", seqs[i],
@@ -327,23 +385,24 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
         }
     }
     int32_t last_of[256];
-    int32_t k = 1; /* this pass's draft length: the longest wanted */
+    int32_t k = 1; /* this pass's longest draft: the stride of the draft rows */
     for (int32_t i = 0; i < n; i++) {
         last_of[i] = s->last[seqs[i]];
-        k = s->want[seqs[i]] > k ? s->want[seqs[i]] : k;
+        s->lens[i] = s->want[seqs[i]];
+        k = s->lens[i] > k ? s->lens[i] : k;
     }
 
-    /* 1. draft */
+    /* 1. draft: each sequence its own block length */
     double t0 = now_ms();
-    dfl_status st = drafter_draft(s->dft, n, seqs, last_of, k, s->draft, s->dlogits, err);
+    dfl_status st = drafter_draft(s->dft, n, seqs, last_of, k, s->lens, s->draft, s->dlogits, err);
     if (st != DFL_OK) return st;
     double t1 = now_ms();
     s->stats.t_draft_ms += t1 - t0;
     if (s->params.draft_hook != NULL) {
         for (int32_t i = 0; i < n; i++) {
             int32_t *d = s->draft + (size_t)i * (size_t)k;
-            s->params.draft_hook(s->params.draft_hook_user, seqs[i], d, k);
-            for (int32_t j = 0; j < k; j++) {
+            s->params.draft_hook(s->params.draft_hook_user, seqs[i], d, s->lens[i]);
+            for (int32_t j = 0; j < s->lens[i]; j++) {
                 if (d[j] < 0 || d[j] >= s->n_vocab) {
                     return error_set(err, DFL_ERR_INVALID, "draft hook: token %d is outside the vocabulary", d[j]);
                 }
@@ -351,7 +410,7 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
         }
     }
     for (int32_t i = 0; i < n; i++) {
-        const int32_t want = s->want[seqs[i]];
+        const int32_t want = s->lens[i];
         s->n_use[i] = s->dlogits == NULL ? want
                                          : draft_keep(s->dlogits + (size_t)i * (size_t)k * (size_t)s->n_vocab,
                                                       s->draft + (size_t)i * (size_t)k, want, s->n_vocab,
@@ -380,32 +439,42 @@ dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *t
         const int32_t *d = s->draft + (size_t)i * (size_t)k;
         const int32_t m = s->n_use[i];
         const int64_t start = dfl_seq_len(s->tgt, seq) - (m + 1);
+        dfl_sampler *smp = s->smp[seq];
         int64_t a = 0;
         int32_t next = -1;
-        if (s->params.temp <= 0.0f) {
+        if (plain_greedy(smp)) {
             while (a < m && d[a] == argmax_row(dfl_get_logits(s->tgt, s->vidx[i] + a), s->n_vocab)) a++;
             next = argmax_row(dfl_get_logits(s->tgt, s->vidx[i] + a), s->n_vocab);
         } else {
+            /* the target's distribution at slot j is the sampler's, as if d_1..d_j were accepted
+             * (the penalty window grows with the drafts exactly as in plain decoding) */
             for (int32_t j = 0; j <= m; j++) {
-                st = sampler_probs(s->sampler, dfl_get_logits(s->tgt, s->vidx[i] + j), s->probs + (size_t)j * (size_t)s->n_vocab,
-                                   err);
+                st = sampler_probs_after(smp, dfl_get_logits(s->tgt, s->vidx[i] + j), d, j,
+                                         s->probs + (size_t)j * (size_t)s->n_vocab, err);
                 if (st != DFL_OK) return st;
             }
             spec_verify_result res;
-            st = spec_verify(s->n_vocab, m, d, NULL, s->probs, sampler_rng(s->sampler), &res, err);
+            st = spec_verify(s->n_vocab, m, d, NULL, s->probs, sampler_rng(smp), &res, err);
             if (st != DFL_OK) return st;
             a = res.n_accepted;
             next = res.next_token;
         }
-        for (int64_t j = 0; j < a; j++) tokens[(size_t)i * (size_t)(K + 1) + (size_t)j] = d[j];
+        for (int64_t j = 0; j < a; j++) {
+            tokens[(size_t)i * (size_t)(K + 1) + (size_t)j] = d[j];
+            dfl_sampler_accept(smp, d[j]);
+        }
         tokens[(size_t)i * (size_t)(K + 1) + (size_t)a] = next;
+        dfl_sampler_accept(smp, next);
         /* the adaptive draft length: longer after a whole accepted draft, shorter after a reject */
         if (s->params.n_draft_min > 0) {
             int32_t *w = &s->want[seq];
-            if (a == m && m == *w) *w = *w + 2 < K ? *w + 2 : K;
-            else if (a < m) *w = *w - 1 > s->params.n_draft_min ? *w - 1 : s->params.n_draft_min;
+            const int32_t kmax = s->kmax[seq];
+            const int32_t kmin = s->params.n_draft_min < kmax ? s->params.n_draft_min : kmax;
+            if (a == m && m == *w) *w = *w + 2 < kmax ? *w + 2 : kmax;
+            else if (a < m) *w = *w - 1 > kmin ? *w - 1 : kmin;
         }
         n_tokens[i] = (int32_t)(a + 1);
+        if (n_drafted != NULL) n_drafted[i] = m;
         /* 4. target rollback: keep last, d_1..d_a */
         dfl_seq_remove(s->tgt, seq, start + a + 1, NULL);
         s->last[seq] = next;

@@ -438,6 +438,152 @@ typedef struct dfl_chat_msg {
 int64_t dfl_chat_render(const dfl_vocab *vocab, const dfl_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
                         bool enable_thinking, char *buf, size_t cap, dfl_error *err);
 
+/* ---- engine: one target (+ drafter) pair and its sequences --------------------------------- */
+
+/* An engine loads a target and, optionally, a DFlash drafter, checks that they pair, sizes both
+ * contexts for n_seq concurrent sequences and the draft length, and picks the feature path.
+ * Without a drafter it decodes plainly (autoregressively) behind the same calls, so callers never
+ * branch. Each sequence is started with a prompt and its own sampler settings and limits; one
+ * dfl_engine_step advances every active sequence (speculative: one drafter pass + one verify
+ * batch for all of them; plain: one batch of one token each). Sequences join (start) and leave
+ * (finish, cancel) between steps; a sequence's output depends on its own prompt and settings
+ * only. Greedy output equals plain greedy decoding token for token; sampled output has the
+ * plain sampler's distribution (penalties included). */
+typedef struct dfl_engine dfl_engine;
+
+#define DFL_MAX_DRAFT 64
+
+typedef struct dfl_engine_params {
+    int32_t n_seq;            /* concurrent sequences (default 1) */
+    int64_t n_ctx;            /* positions per sequence; 0: min(n_ctx_train, 4096) */
+    int64_t n_batch;          /* prompt tokens per forward batch (default 512) */
+    int32_t n_threads;        /* threads for steps; <= 0: all cores */
+    int32_t n_threads_batch;  /* threads for prompt batches; <= 0: all cores */
+    bool kv_f32;              /* KV caches in f32 (default f16) */
+    bool async;               /* queues run on worker threads */
+    dfl_device device;        /* default DFL_DEVICE_CPU */
+    /* speculative decoding (read only with a drafter), as in dfl_spec_params */
+    int32_t n_draft;          /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
+    int32_t n_draft_min;      /* adaptive draft length from n_draft_min (0: always n_draft) */
+    float draft_p_min;        /* drafter-probability cut, in [0, 1]; 0: off */
+    dfl_feature_path features;/* default DFL_FEATURES_DEVICE (falls back to host copies) */
+    dfl_feature_wait wait;
+    size_t feature_buffer_max;/* bytes; above it features go through host memory; 0: no cap */
+    /* optional: replaces a sequence's drafts (tests, other drafting strategies; lossless) */
+    void (*draft_hook)(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
+    void *draft_hook_user;
+} dfl_engine_params;
+
+dfl_engine_params dfl_engine_default_params(void);
+/* Loads target_path (arch qwen3 or llama) with its vocabulary and drafter_path (arch dflash; NULL:
+ * plain decoding). NULL + err on a load failure, a mismatched pair or a bad parameter. */
+dfl_engine *dfl_engine_new(const char *target_path, const char *drafter_path, const dfl_engine_params *params,
+                           dfl_error *err);
+/* The same over models already loaded (borrowed: they and vocab must outlive the engine). vocab
+ * may be NULL: then there is no text output and no end-of-generation token. */
+dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, const dfl_vocab *vocab,
+                                       const dfl_engine_params *params, dfl_error *err);
+void dfl_engine_free(dfl_engine *engine);
+
+const dfl_vocab *dfl_engine_vocab(const dfl_engine *engine);   /* NULL if none */
+const dfl_model *dfl_engine_target(const dfl_engine *engine);
+const dfl_model *dfl_engine_drafter(const dfl_engine *engine); /* NULL: plain decoding */
+int32_t dfl_engine_n_seq(const dfl_engine *engine);
+int64_t dfl_engine_n_ctx(const dfl_engine *engine);
+int32_t dfl_engine_n_draft(const dfl_engine *engine);          /* 0: plain decoding */
+/* "device", "host" (speculative) or "none" (plain), and why. */
+const char *dfl_engine_feature_path(const dfl_engine *engine);
+const char *dfl_engine_feature_note(const dfl_engine *engine);
+
+typedef struct dfl_seq_params {
+    dfl_sampler_params sampler;  /* default: greedy (temp 0), no penalties */
+    int64_t max_tokens;          /* tokens to generate at most; <= 0: until the context is full */
+    int32_t n_draft;             /* this sequence's draft length cap, 0..the engine's; 0: the engine's */
+    const int32_t *stop_tokens;  /* extra token ids that end the generation (copied) */
+    int32_t n_stop_tokens;
+    const char *const *stop;     /* stop strings (copied; non-empty, at most 256 bytes each) */
+    int32_t n_stop;              /* at most 16 */
+    bool ignore_eos;             /* the vocabulary's end-of-generation tokens do not stop */
+    bool special;                /* write the text of control tokens */
+} dfl_seq_params;
+
+dfl_seq_params dfl_seq_default_params(void);
+
+typedef enum dfl_seq_state {
+    DFL_SEQ_IDLE = 0,     /* never started, or reset */
+    DFL_SEQ_ACTIVE = 1,   /* generating: advanced by dfl_engine_step */
+    DFL_SEQ_FINISHED = 2, /* stopped (see dfl_finish_reason); its cache stays for prefix reuse */
+} dfl_seq_state;
+
+typedef enum dfl_finish_reason {
+    DFL_FINISH_NONE = 0,
+    DFL_FINISH_STOP = 1,      /* an end-of-generation token, a stop token or a stop string */
+    DFL_FINISH_LENGTH = 2,    /* max_tokens reached */
+    DFL_FINISH_CTX = 3,       /* the context has no room for another step */
+    DFL_FINISH_CANCELLED = 4, /* dfl_engine_seq_cancel */
+} dfl_finish_reason;
+
+/* What a sequence produced since its output was last read. */
+typedef struct dfl_seq_output {
+    dfl_seq_state state;
+    dfl_finish_reason finish;
+    const int32_t *tokens;    /* new tokens (a stop token is not included) */
+    int64_t n_tokens;
+    const char *text;         /* new text: valid UTF-8, never part of a stop string; NUL-terminated */
+    size_t text_len;
+} dfl_seq_output;
+
+typedef struct dfl_seq_stats {
+    int64_t n_prompt;         /* tokens of the last prompt */
+    int64_t n_reused;         /* of which taken from the cache (prefix reuse) */
+    int64_t n_generated;      /* tokens generated (the stop token included) */
+    int64_t n_steps;          /* steps taken (speculative or plain) */
+    int64_t n_drafts;         /* steps that verified at least one draft */
+    int64_t n_draft_tokens;   /* draft tokens verified */
+    int64_t n_accepted;       /* draft tokens accepted */
+    int64_t accepted_per_pos[DFL_MAX_DRAFT]; /* [j]: steps that accepted draft j (0-based) */
+    double t_prefill_ms;      /* its prompt processing */
+} dfl_seq_stats;
+
+/* Engine totals since creation: the sum over all sequences plus the time split. */
+typedef struct dfl_engine_stats {
+    int64_t n_steps;          /* dfl_engine_step calls that ran a batch */
+    int64_t n_prompt_tokens;  /* prompt tokens decoded (reused ones not counted) */
+    int64_t n_generated;
+    int64_t n_drafts, n_draft_tokens, n_accepted;
+    int64_t accepted_per_pos[DFL_MAX_DRAFT];
+    int64_t accept_hist[DFL_MAX_DRAFT + 1]; /* [k]: sequence steps that accepted exactly k drafts */
+    double t_prefill_ms, t_step_ms;         /* wall time in prefills and steps */
+    double t_draft_ms, t_verify_ms, t_inject_ms, t_other_ms; /* the speculative steps' split */
+    uint64_t feature_host_bytes;            /* features copied through host memory */
+} dfl_engine_stats;
+
+/* Starts seq (idle or finished) on a prompt: decodes only the part after the longest prefix it
+ * shares with what the sequence's cache holds (at least the last prompt token), then samples
+ * the first token (readable with dfl_engine_seq_read; the sequence may already be finished).
+ * Errors (nothing changes): seq outside 0..n_seq-1, an active sequence, an empty prompt or a
+ * token outside the vocabulary, a prompt that leaves no room to generate, parameter values
+ * out of range (the message names the value and the limit). */
+dfl_status dfl_engine_seq_start(dfl_engine *engine, int32_t seq, const int32_t *prompt, int64_t n_prompt,
+                                const dfl_seq_params *params, dfl_error *err);
+/* Advances the n sequences seqs (seqs NULL: every active sequence; none active: nothing to do).
+ * Each listed sequence must be active and listed once; on such an error nothing changes. A
+ * sequence without room for the step finishes with DFL_FINISH_CTX. */
+dfl_status dfl_engine_step(dfl_engine *engine, const int32_t *seqs, int32_t n, dfl_error *err);
+/* Active sequences now. */
+int32_t dfl_engine_n_active(const dfl_engine *engine);
+/* Ends an active sequence now (DFL_FINISH_CANCELLED; its held-back text is dropped). A sequence
+ * that is idle or finished is left as it is. DFL_ERR_INVALID only for seq out of range. */
+dfl_status dfl_engine_seq_cancel(dfl_engine *engine, int32_t seq, dfl_error *err);
+/* Forgets seq (cache, output, stats): idle. */
+dfl_status dfl_engine_seq_reset(dfl_engine *engine, int32_t seq, dfl_error *err);
+/* The output of seq since the previous read (its pointers stay valid until the next call that
+ * changes the engine). */
+dfl_status dfl_engine_seq_read(dfl_engine *engine, int32_t seq, dfl_seq_output *out, dfl_error *err);
+dfl_seq_state dfl_engine_seq_state(const dfl_engine *engine, int32_t seq);
+dfl_status dfl_engine_seq_stats(const dfl_engine *engine, int32_t seq, dfl_seq_stats *out, dfl_error *err);
+dfl_engine_stats dfl_engine_get_stats(const dfl_engine *engine);
+
 #ifdef __cplusplus
 }
 #endif

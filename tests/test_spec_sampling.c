@@ -203,3 +203,101 @@ TEST(spec_sampling_is_lossless) {
     }
     setup_close(&s);
 }
+
+/* Through the engine with penalties on (repetition, presence, frequency): N_POS tokens of one
+ * run with the given seed; dm NULL: plain decoding. The engine is reused across runs (its
+ * prefix reuse decodes only the last prompt token). */
+static bool engine_sample(dfl_engine *e, uint64_t seed, bool penalties, int32_t out[N_POS]) {
+    dfl_error err = {0};
+    dfl_seq_params sp = dfl_seq_default_params();
+    sp.sampler.temp = 1.0f;
+    sp.sampler.top_k = 8;
+    sp.sampler.top_p = 1.0f;
+    sp.sampler.min_p = 0.0f;
+    if (penalties) {
+        sp.sampler.repeat_penalty = 2.0f;
+        sp.sampler.presence_penalty = 1.0f;
+        sp.sampler.frequency_penalty = 0.5f;
+        sp.sampler.repeat_last_n = 64;
+    }
+    sp.sampler.seed = seed;
+    sp.max_tokens = N_POS;
+    if (dfl_engine_seq_start(e, 0, k_prompt, 5, &sp, &err) != DFL_OK) return false;
+    int got = 0;
+    for (int guard = 0; guard < 16; guard++) {
+        dfl_seq_output o;
+        dfl_engine_seq_read(e, 0, &o, &err);
+        for (int64_t j = 0; j < o.n_tokens && got < N_POS; j++) out[got++] = o.tokens[j];
+        if (o.state != DFL_SEQ_ACTIVE) break;
+        if (dfl_engine_step(e, NULL, 0, &err) != DFL_OK) return false;
+    }
+    return got == N_POS;
+}
+
+TEST(spec_sampling_penalties_lossless) {
+    char tp[512], dp[512];
+    if (!tu_make_models(t, "m", "--n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --head-dim 16 --n-ff 128 --n-vocab 640 "
+                        "--type f32 --block-size 4 --std 0.2 --seed 9", tp, dp, sizeof(tp))) return;
+    dfl_error err = {0};
+    dfl_model *tm = dfl_model_load(tp, NULL, &err), *dm = dfl_model_load(dp, NULL, &err);
+    REQUIRE(tm != NULL && dm != NULL);
+    dfl_engine_params ep = dfl_engine_default_params();
+    ep.n_ctx = 64;
+    ep.n_threads = ep.n_threads_batch = 1;
+    ep.n_draft = 3;
+    forced f = {{0}, false};
+    ep.draft_hook = force_hook;
+    ep.draft_hook_user = &f;
+    dfl_engine *plain = dfl_engine_new_from_models(tm, NULL, NULL, &ep, &err);
+    dfl_engine *spec = dfl_engine_new_from_models(tm, dm, NULL, &ep, &err);
+    REQUIRE(plain != NULL && spec != NULL);
+    static int pl[N_POS][NV], nopen[N_POS][NV], sreal[N_POS][NV], sforced[N_POS][NV];
+    memset(pl, 0, sizeof(pl));
+    memset(nopen, 0, sizeof(nopen));
+    memset(sreal, 0, sizeof(sreal));
+    memset(sforced, 0, sizeof(sforced));
+    int32_t o[N_POS];
+    bool ok = true;
+    for (int r = 0; ok && r < N_RUNS; r++) {
+        ok = engine_sample(plain, 1000 + (uint64_t)r, true, o);
+        for (int k = 0; ok && k < N_POS; k++) pl[k][o[k]]++;
+        ok = ok && engine_sample(plain, 300000 + (uint64_t)r, false, o);
+        for (int k = 0; ok && k < N_POS; k++) nopen[k][o[k]]++;
+    }
+    for (int k = 0; k < N_POS; k++) {
+        int best = 0;
+        for (int v = 1; v < NV; v++) if (pl[k][v] > pl[k][best]) best = v;
+        f.tok[k] = best;
+    }
+    for (int r = 0; ok && r < N_RUNS; r++) {
+        f.on = false;
+        ok = engine_sample(spec, 5000000 + (uint64_t)r, true, o);
+        for (int k = 0; ok && k < N_POS; k++) sreal[k][o[k]]++;
+        f.on = true;
+        ok = ok && engine_sample(spec, 7000000 + (uint64_t)r, true, o);
+        for (int k = 0; ok && k < N_POS; k++) sforced[k][o[k]]++;
+    }
+    CHECK_MSG(ok, "%s", err.msg);
+    const dfl_engine_stats es = dfl_engine_get_stats(spec);
+    printf("    penalties on: the speculative engine accepted %lld of %lld drafts\n", (long long)es.n_accepted,
+           (long long)es.n_draft_tokens);
+    CHECK(es.n_accepted > 0 && es.n_accepted < es.n_draft_tokens); /* both acceptance and rejection happened */
+    for (int k = 0; k < N_POS; k++) {
+        int df1, df2, df3;
+        const double c1 = chi2_two_sample(pl[k], sreal[k], NV, &df1);
+        const double c2 = chi2_two_sample(pl[k], sforced[k], NV, &df2);
+        const double c3 = chi2_two_sample(pl[k], nopen[k], NV, &df3);
+        printf("    position %d, penalties on: chi2 plain vs spec(real drafter) %.1f (df %d, crit %.1f); vs spec(forced "
+               "drafts) %.1f (df %d, crit %.1f); negative control without penalties %.1f (df %d, crit %.1f)\n",
+               k + 1, c1, df1, chi2_crit(df1), c2, df2, chi2_crit(df2), c3, df3, chi2_crit(df3));
+        CHECK_MSG(df1 >= 2 && c1 < chi2_crit(df1), "position %d: speculative (real drafter) with penalties differs", k + 1);
+        CHECK_MSG(df2 >= 2 && c2 < chi2_crit(df2), "position %d: speculative (forced drafts) with penalties differs", k + 1);
+        /* position 2 is the first whose window holds a generated token (the prompt's tokens are
+         * rarely among the top 8): there dropping the penalties must be detected */
+        if (k == 1) CHECK_MSG(c3 > chi2_crit(df3), "position %d: dropping the penalties was not detected", k + 1);
+    }
+    dfl_engine_free(spec);
+    dfl_engine_free(plain);
+    dfl_model_free(dm);
+    dfl_model_free(tm);
+}

@@ -983,12 +983,14 @@ static int32_t pick_slot(srv *s, const int32_t *prompt, int64_t n) {
     return best;
 }
 
-/* Starts the oldest waiting task on a free sequence (its prompt is processed here). */
-static void admit_one(srv *s) {
+/* Starts the oldest waiting task on a free sequence (its prompt is processed here). Returns the
+ * prompt tokens it took, 0 if nothing was started. */
+static int64_t admit_one(srv *s) {
     srv_task *t = s->q_head;
-    if (t == NULL || s->n_running >= s->n_slots) return;
+    if (t == NULL || s->n_running >= s->n_slots) return 0;
     const int32_t seq = pick_slot(s, t->prompt, t->n_prompt);
-    if (seq < 0) return;
+    if (seq < 0) return 0;
+    const int64_t n_prompt = t->n_prompt;
     s->q_head = t->next;
     if (s->q_head == NULL) s->q_tail = NULL;
     t->next = NULL;
@@ -1039,12 +1041,24 @@ static void admit_one(srv *s) {
         task_free(t);
         conn_flush(s, c);
         if (c->fd >= 0) conn_process(s, c);
-        return;
+        return n_prompt;
     }
     if (t->gen.stream && t->ids.chat) {
         emit_json_event(t, api_chunk_json(&t->ids, true, "", 0, NULL, t->gen.include_usage));
     }
     task_deliver(s, t);
+    return n_prompt;
+}
+
+/* Admits waiting tasks while sequences are free, up to about one batch of prompt tokens per loop
+ * iteration (at least one task), so that arrivals do not stall the running streams for long. */
+static void admit(srv *s) {
+    int64_t budget = s->o->engine.n_batch > 0 ? s->o->engine.n_batch : 512;
+    while (budget > 0) {
+        const int64_t used = admit_one(s);
+        if (used == 0) break;
+        budget -= used;
+    }
 }
 
 static void run_step(srv *s) {
@@ -1271,7 +1285,7 @@ int srv_run(const srv_opts *o) {
             }
         }
         if (s->loaded) {
-            admit_one(s);
+            admit(s);
             run_step(s);
         }
         free_dead(s); /* connections closed in this iteration (no event refers to them any more) */

@@ -167,12 +167,14 @@ tsan:
 
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+# the server's parser and JSON mapping (no sockets) go into the fuzz targets
+FUZZ_SERVE_SRC := tools/serve/http.c tools/serve/api.c
 fuzz:
 	@if [ -z "$(CLANG)" ]; then echo "make fuzz needs clang"; exit 1; fi
 	$(MAKE) BUILD=build-fuzz CC=clang OPT=-O1 EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" build-fuzz/libdflash.a
 	@for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
 	  echo "clang $$f -> build-fuzz/$$n"; \
-	  clang $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined $$f build-fuzz/libdflash.a $(LDLIBS) $(SERVE_LIBS) -o build-fuzz/$$n || exit 1; done
+	  clang $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined $$f $(FUZZ_SERVE_SRC) build-fuzz/libdflash.a $(LDLIBS) $(SERVE_LIBS) -o build-fuzz/$$n || exit 1; done
 	@echo "fuzz targets: $(FUZZ_BIN)  (run e.g. build-fuzz/fuzz_gguf -max_total_time=600 tests/fuzz/corpus_gguf)"
 
 install: all

@@ -296,7 +296,25 @@ async function partCancel() {
   const after = await c.chat.completions.create(chatParams('hi', { max_tokens: 4 }));
   check('serves after cancels', after.choices[0].finish_reason !== null, JSON.stringify(after));
   ok('20 aborted streams: 0 running afterwards, healthy, still serving');
-  await stopServer(s);
+  // SIGTERM while a stream runs: the stream still completes, the port closes, exit 0
+  const st = await c.chat.completions.create(chatParams('A last story:', { max_tokens: 24, ignore_eos: true,
+    stream: true, stream_options: { include_usage: true } }));
+  let text = '', fin = null, usage = null, n = 0;
+  for await (const ch of st) {
+    if (++n === 2) s.proc.kill('SIGTERM');
+    if (ch.usage) usage = ch.usage;
+    text += ch.choices[0]?.delta?.content ?? '';
+    if (ch.choices[0]?.finish_reason) fin = ch.choices[0].finish_reason;
+  }
+  check('in-flight stream finishes on SIGTERM', fin === 'length' && usage?.completion_tokens === 24,
+    () => `finish ${fin}, usage ${JSON.stringify(usage)}`);
+  let refused = false;
+  try { await fetch(`${s.base}/health`, { signal: AbortSignal.timeout(5000) }); } catch { refused = true; }
+  check('no new connections after SIGTERM', refused, 'the port still accepts');
+  await s.exited;
+  check('exit 0 after SIGTERM', s.exit.code === 0, () => `exit ${JSON.stringify(s.exit)}`);
+  servers = servers.filter((x) => x !== s);
+  ok('SIGTERM: in-flight stream completed, port closed, exit 0');
 }
 
 async function partLoad() {

@@ -625,7 +625,7 @@ reject:
 static void handle_request(srv *s, srv_conn *c, const http_request *r) {
     const double t0 = now_ms();
     const char *p = r->path;
-    const bool get = strcmp(r->method, "GET") == 0 || strcmp(r->method, "HEAD") == 0;
+    const bool get = strcmp(r->method, "GET") == 0;
     const bool post = strcmp(r->method, "POST") == 0;
     if (strcmp(r->method, "OPTIONS") == 0) {
         char hdr[512] = "";

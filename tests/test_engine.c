@@ -628,3 +628,31 @@ TEST(engine_text_and_stop_strings) {
     /* speculative and plain give the same text */
     CHECK(n_full[0] == n_full[1] && memcmp(full[0], full[1], n_full[0]) == 0);
 }
+
+/* The CLI on the embedded pair: with penalties on, greedy speculative output equals --no-spec
+ * (the drafter used to drop --repeat-penalty), and the penalties change the text; --stop ends the
+ * text before the stop string. */
+TEST(engine_cli_penalties_and_stop) {
+    char cmd[1024], a[16384], b[16384], c[16384];
+    const char *base = "generate -p 'The capital of France is' -n 40 -t 1 -tb 1";
+    const char *pen = "--repeat-penalty 1.3 --presence-penalty 0.4 --frequency-penalty 0.2";
+    snprintf(cmd, sizeof(cmd), "(%s %s %s 2>/dev/null)", test_cli_path(), base, pen);
+    REQUIRE(test_run(cmd, a, sizeof(a)) == 0);
+    snprintf(cmd, sizeof(cmd), "(%s %s %s --no-spec 2>/dev/null)", test_cli_path(), base, pen);
+    REQUIRE(test_run(cmd, b, sizeof(b)) == 0);
+    snprintf(cmd, sizeof(cmd), "(%s %s 2>/dev/null)", test_cli_path(), base);
+    REQUIRE(test_run(cmd, c, sizeof(c)) == 0);
+    CHECK_MSG(strcmp(a, b) == 0, "with penalties, speculative '%s' != --no-spec '%s'", a, b);
+    CHECK_MSG(strcmp(a, c) != 0, "the penalties changed nothing: '%s'", a);
+    /* --stop: a piece of the penalized text, cut there */
+    const size_t n = strlen(a);
+    REQUIRE(n > 20);
+    char stop[8];
+    memcpy(stop, a + n / 2, 4);
+    stop[4] = '\0';
+    if (strchr(stop, '\'') != NULL || strchr(stop, '\n') != NULL) return; /* keep the shell quoting simple */
+    snprintf(cmd, sizeof(cmd), "(%s %s %s --stop '%s' 2>/dev/null)", test_cli_path(), base, pen, stop);
+    REQUIRE(test_run(cmd, b, sizeof(b)) == 0);
+    const size_t want = (size_t)(strstr(a, stop) - a);
+    CHECK_MSG(strlen(b) == want + 1 && strncmp(a, b, want) == 0, "--stop '%s': '%s'", stop, b);
+}

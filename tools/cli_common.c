@@ -30,6 +30,7 @@ void cli_opts_default(cli_opts *o) {
     o->top_p = 0.95f;
     o->min_p = 0.05f;
     o->repeat_penalty = 1.0f;
+    o->repeat_last_n = 64;
     o->seed = 0;
     o->features = DFL_FEATURES_DEVICE;
     o->n_seq = 1;
@@ -104,6 +105,22 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
     if (!strcmp(a, "--repeat-penalty")) {
         NEED_VALUE(); if (!parse_f(v, 0.01f, 100.0f, &o->repeat_penalty)) BAD("0.01..100"); return 1;
     }
+    if (!strcmp(a, "--presence-penalty")) {
+        NEED_VALUE(); if (!parse_f(v, -100.0f, 100.0f, &o->presence_penalty)) BAD("-100..100"); return 1;
+    }
+    if (!strcmp(a, "--frequency-penalty")) {
+        NEED_VALUE(); if (!parse_f(v, -100.0f, 100.0f, &o->frequency_penalty)) BAD("-100..100"); return 1;
+    }
+    if (!strcmp(a, "--repeat-last-n")) {
+        NEED_VALUE(); if (!parse_i64(v, 0, 1 << 24, &iv)) BAD("0..16777216"); o->repeat_last_n = (int32_t)iv; return 1;
+    }
+    if (!strcmp(a, "--stop")) {
+        NEED_VALUE();
+        if (o->n_stop >= 16 || v[0] == '\0' || strlen(v) > 256) BAD("at most 16 stop strings of 1..256 bytes");
+        o->stop[o->n_stop++] = v;
+        return 1;
+    }
+    if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = true; return 1; }
     if (!strcmp(a, "--seed") || !strcmp(a, "-s")) {
         NEED_VALUE(); if (!parse_i64(v, 0, INT64_MAX, &iv)) BAD(">= 0"); o->seed = (uint64_t)iv; return 1;
     }
@@ -165,6 +182,9 @@ void cli_print_common_help(FILE *out) {
             "  -tb, --threads-batch N  threads for batches (default: all cores)\n"
             "  --temp T                temperature, 0 = greedy (default 0)\n"
             "  --top-k K, --top-p P, --min-p P, --repeat-penalty R, --seed S   sampling\n"
+            "  --presence-penalty P, --frequency-penalty F, --repeat-last-n N  penalties (N: window, default 64)\n"
+            "  --stop TEXT             stop before TEXT (repeatable, up to 16)\n"
+            "  --ignore-eos            do not stop at end-of-generation tokens\n"
             "  --chat                  wrap the prompt in the ChatML template (non-thinking)\n"
             "  --draft-max N           draft tokens per step, at most (default block_size - 1)\n"
             "  --draft-min N           adaptive draft length between N and --draft-max: +2 after a\n"
@@ -217,6 +237,42 @@ static void warm_pages(const char *path, bool show, const char *what) {
     fclose(f);
 }
 
+dfl_engine_params cli_engine_params(const cli_opts *o) {
+    dfl_engine_params ep = dfl_engine_default_params();
+    ep.n_seq = o->n_seq;
+    ep.n_ctx = o->n_ctx;
+    ep.n_batch = o->n_batch;
+    ep.n_threads = o->n_threads;
+    ep.n_threads_batch = o->n_threads_batch;
+    ep.async = o->async;
+    ep.device = o->device;
+    ep.n_draft = o->draft_max;
+    ep.n_draft_min = o->draft_min;
+    ep.draft_p_min = o->draft_p_min;
+    ep.features = o->features;
+    ep.wait = o->feature_wait;
+    ep.feature_buffer_max = (size_t)o->feature_buffer_max;
+    return ep;
+}
+
+dfl_seq_params cli_seq_params(const cli_opts *o) {
+    dfl_seq_params sp = dfl_seq_default_params();
+    sp.sampler.temp = o->temp;
+    sp.sampler.top_k = o->top_k;
+    sp.sampler.top_p = o->top_p;
+    sp.sampler.min_p = o->min_p;
+    sp.sampler.repeat_penalty = o->repeat_penalty;
+    sp.sampler.repeat_last_n = o->repeat_last_n;
+    sp.sampler.presence_penalty = o->presence_penalty;
+    sp.sampler.frequency_penalty = o->frequency_penalty;
+    sp.sampler.seed = o->seed;
+    sp.max_tokens = o->n_predict;
+    sp.stop = o->stop;
+    sp.n_stop = o->n_stop;
+    sp.ignore_eos = o->ignore_eos;
+    return sp;
+}
+
 int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
     memset(s, 0, sizeof(*s));
     static char tpath[4096], dpath[4096];
@@ -245,95 +301,47 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
         fprintf(stderr, "dflash %s: %s\n", cmd, err.msg);
         return 1;
     }
-    const bool spec = o->draft != NULL && !o->no_spec;
-    if (spec) {
+    if (o->draft != NULL && !o->no_spec) {
         warm_pages(o->draft, bar, "drafter");
         s->drafter = dfl_model_load(o->draft, NULL, &err);
         if (s->drafter == NULL) {
             fprintf(stderr, "dflash %s: %s\n", cmd, err.msg);
             return 1;
         }
-        if (dfl_model_hparams(s->drafter)->arch != DFL_ARCH_DFLASH) {
-            fprintf(stderr, "dflash %s: %s is not a DFlash drafter (arch %s)\n", cmd, o->draft,
-                    dfl_arch_name(dfl_model_hparams(s->drafter)->arch));
+        const dfl_hparams *dh = dfl_model_hparams(s->drafter);
+        if (dh->arch != DFL_ARCH_DFLASH) {
+            fprintf(stderr, "dflash %s: %s is not a DFlash drafter (arch %s)\n", cmd, o->draft, dfl_arch_name(dh->arch));
+            return 1;
+        }
+        /* the draft options in the CLI's own words (the engine checks them too) */
+        const int32_t n_draft = o->draft_max > 0 ? o->draft_max : (int32_t)dh->block_size - 1;
+        if (n_draft > dh->block_size - 1) {
+            fprintf(stderr, "dflash %s: --draft-max %d is above the drafter's block_size - 1 = %lld\n", cmd, n_draft,
+                    (long long)(dh->block_size - 1));
+            return 1;
+        }
+        if (o->draft_min > n_draft) {
+            fprintf(stderr, "dflash %s: --draft-min %d is above the draft length %d (--draft-max or block_size - 1)\n", cmd,
+                    o->draft_min, n_draft);
             return 1;
         }
     }
-    const dfl_hparams *dh = spec ? dfl_model_hparams(s->drafter) : NULL;
-    const int32_t n_draft = spec ? (o->draft_max > 0 ? o->draft_max : (int32_t)dh->block_size - 1) : 0;
-    if (spec && n_draft > dh->block_size - 1) {
-        fprintf(stderr, "dflash %s: --draft-max %d is above the drafter's block_size - 1 = %lld\n", cmd, n_draft,
-                (long long)(dh->block_size - 1));
-        return 1;
-    }
-    if (spec && o->draft_min > n_draft) {
-        fprintf(stderr, "dflash %s: --draft-min %d is above the draft length %d (--draft-max or block_size - 1)\n", cmd,
-                o->draft_min, n_draft);
-        return 1;
-    }
-    dfl_context_params cp = dfl_context_default_params();
-    cp.n_ctx = o->n_ctx;
-    cp.n_seq = o->n_seq;
-    cp.n_batch = o->n_batch;
-    cp.n_ubatch = o->n_batch;
-    cp.n_threads = o->n_threads;
-    cp.n_threads_batch = o->n_threads_batch;
-    cp.async = o->async;
-    cp.device = o->device;
-    if (spec) {
-        const int64_t n_verify = (int64_t)o->n_seq * (n_draft + 1);
-        if (cp.n_batch < n_verify) cp.n_batch = cp.n_ubatch = n_verify;
-        cp.n_outputs = n_verify;
-        cp.n_capture = (int32_t)dh->n_target_layers;
-        cp.capture_layers = dh->target_layers;
-        cp.no_feature_buffer = o->features == DFL_FEATURES_HOST;
-        cp.feature_buffer_max = (size_t)o->feature_buffer_max;
-    }
-    s->tctx = dfl_context_new(s->target, &cp, &err);
-    if (s->tctx == NULL) {
+    const dfl_engine_params ep = cli_engine_params(o);
+    s->engine = dfl_engine_new_from_models(s->target, s->drafter, s->vocab, &ep, &err);
+    if (s->engine == NULL) {
         fprintf(stderr, "dflash %s: %s\n", cmd, err.msg);
         return 1;
     }
-    if (spec) {
-        dfl_context_params dp = dfl_context_default_params();
-        dp.n_seq = o->n_seq;
-        dp.n_batch = cp.n_batch;
-        dp.n_ubatch = cp.n_batch;
-        dp.target = s->tctx;
-        s->dctx = dfl_context_new(s->drafter, &dp, &err);
-        if (s->dctx == NULL) {
-            fprintf(stderr, "dflash %s: %s\n", cmd, err.msg);
-            return 1;
-        }
-        dfl_spec_params sp = dfl_spec_default_params();
-        sp.n_draft = n_draft;
-        sp.draft_p_min = o->draft_p_min;
-        sp.n_draft_min = o->draft_min;
-        sp.temp = o->temp;
-        sp.top_k = o->top_k;
-        sp.top_p = o->top_p;
-        sp.min_p = o->min_p;
-        sp.seed = o->seed;
-        sp.features = o->features;
-        sp.wait = o->feature_wait;
-        s->spec = dfl_spec_new(s->tctx, s->dctx, &sp, &err);
-        if (s->spec == NULL) {
-            fprintf(stderr, "dflash %s: %s\n", cmd, err.msg);
-            return 1;
-        }
-        if (!quiet) {
-            const bool dev = !strcmp(dfl_spec_feature_path_name(s->spec), "device");
-            fprintf(stderr, "dflash: target features via %s (%s; %s backend)\n", dev ? "device buffer" : "host copies",
-                    dfl_spec_feature_note(s->spec), o->device == DFL_DEVICE_CUDA ? "cuda" : "cpu");
-        }
+    if (!quiet && s->drafter != NULL) {
+        const bool dev = !strcmp(dfl_engine_feature_path(s->engine), "device");
+        fprintf(stderr, "dflash: target features via %s (%s; %s backend)\n", dev ? "device buffer" : "host copies",
+                dfl_engine_feature_note(s->engine), o->device == DFL_DEVICE_CUDA ? "cuda" : "cpu");
     }
     return 0;
 }
 
 void cli_session_close(cli_session *s) {
-    dfl_spec_free(s->spec);
-    dfl_context_free(s->dctx);
-    dfl_context_free(s->tctx);
+    dfl_engine_free(s->engine);
     dfl_model_free(s->drafter);
     dfl_model_free(s->target);
     dfl_vocab_free(s->vocab);

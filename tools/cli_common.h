@@ -25,8 +25,12 @@ typedef struct cli_opts {
     int64_t n_batch;          /* -b */
     int32_t n_threads;        /* -t */
     int32_t n_threads_batch;  /* -tb */
-    float temp, top_p, min_p, repeat_penalty;
+    float temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     int32_t top_k;
+    int32_t repeat_last_n;    /* --repeat-last-n */
+    const char *stop[16];     /* --stop (repeatable) */
+    int32_t n_stop;
+    bool ignore_eos;          /* --ignore-eos */
     uint64_t seed;
     bool chat, json, no_spec, verbose, async;
     int32_t draft_max;        /* --draft-max */
@@ -50,16 +54,19 @@ void cli_print_common_help(FILE *out);
 const char *cli_default_model_dir(void);
 
 typedef struct cli_session {
-    dfl_model *target, *drafter;
-    dfl_context *tctx, *dctx;
-    dfl_spec *spec;
+    dfl_model *target, *drafter; /* drafter NULL: plain decoding (none given, or --no-spec) */
     dfl_vocab *vocab;
+    dfl_engine *engine;
 } cli_session;
 
-/* Loads the models, creates the contexts (and the speculative session when a drafter is given
- * and not --no-spec). Prints a progress bar on a terminal unless quiet. 0 ok, 1 error printed. */
+/* Loads the models and creates the engine (speculative when a drafter is given and not
+ * --no-spec). Prints a progress bar on a terminal unless quiet. 0 ok, 1 error printed. */
 int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd);
 void cli_session_close(cli_session *s);
+/* The engine parameters the options ask for (the draft options only matter with a drafter). */
+dfl_engine_params cli_engine_params(const cli_opts *o);
+/* The sequence parameters (sampler, limits, stop strings) the options ask for. */
+dfl_seq_params cli_seq_params(const cli_opts *o);
 
 /* Tokenizes the prompt (ChatML with --chat). Returns the token count (> 0) or -1 (printed). */
 int64_t cli_tokenize_prompt(const cli_session *s, const cli_opts *o, const char *text, int32_t **tokens, const char *cmd);

@@ -1,8 +1,9 @@
 /* cmd_bench.c: `dflash bench`: speed, measured honestly: every figure is the median of -r
  * repetitions after a warm-up, in one run, with ratios against the baseline measured beside it.
- * Rows: pp (prompt processing), tg (generation), a verification-sized batch, and with a drafter
- * the speculative generation vs autoregressive on the same prompt (tau, per-step time split), the
- * host vs device feature paths; --llama adds llama.cpp's tg and pp16 on the same file. */
+ * Rows: pp (prompt processing) and tg (generation) through a plain engine, a verification-sized
+ * batch (one forward pass of a context), and with a drafter the speculative generation vs the
+ * plain engine's on the same prompt (tau, per-step time split), the host vs device feature
+ * paths; --llama adds llama.cpp's tg and pp16 on the same file. */
 #include "cli_common.h"
 #include "cmds.h"
 #include "base/jsonw.h"
@@ -24,8 +25,9 @@ typedef struct bench {
     int reps;
     int64_t n_pp, n_tg, n_verify, n_spec;
     bool csv, llama;
-    cli_session s;
-    dfl_context *ar;       /* a plain target context (no feature capture) for the baselines */
+    cli_session s;         /* s.engine: the speculative engine (or plain with --no-spec / no drafter) */
+    dfl_engine *plain;     /* a plain engine on the same target: the baselines */
+    dfl_context *ar;       /* a plain target context: the verification-sized batch */
     uint64_t weight_bytes;
     bench_row rows[32];
     int n_rows;
@@ -48,46 +50,49 @@ static bench_row *add_row(bench *b, const char *name) {
     return r;
 }
 
-/* Decodes tokens [0, n) of seq 0 from position p0 in batches of n_batch; logits of the last. */
-static bool decode_tokens(dfl_context *ctx, dfl_batch *bt, const int32_t *tok, int64_t n, int64_t n_batch, bool all_out) {
+/* Generates with seq 0 of e after the prompt until n tokens (greedy, EOS ignored): the prefill
+ * is not timed; ms_out: the steps' wall time; d (may be NULL): the engine's totals of the steps
+ * alone (after the prefill). */
+static bool engine_gen(dfl_engine *e, const int32_t *prompt, int64_t n_prompt, int64_t n, double *ms_out,
+                       dfl_engine_stats *d) {
     dfl_error err = {0};
-    const int64_t p0 = dfl_seq_len(ctx, 0);
-    for (int64_t off = 0; off < n; off += n_batch) {
-        const int64_t m = n - off < n_batch ? n - off : n_batch;
-        dfl_batch_clear(bt);
-        for (int64_t j = 0; j < m; j++) {
-            const int32_t pos = (int32_t)(p0 + off + j);
-            dfl_batch_add_token(bt, tok[off + j], &pos, 0, all_out || off + j == n - 1);
-        }
-        if (dfl_decode(ctx, bt, &err) != DFL_OK) {
-            fprintf(stderr, "dflash bench: %s\n", err.msg);
-            return false;
-        }
+    dfl_seq_params sp = dfl_seq_default_params();
+    sp.max_tokens = n;
+    sp.ignore_eos = true;
+    dfl_engine_seq_reset(e, 0, NULL); /* no prefix reuse between repetitions */
+    bool ok = dfl_engine_seq_start(e, 0, prompt, n_prompt, &sp, &err) == DFL_OK;
+    const dfl_engine_stats s0 = dfl_engine_get_stats(e);
+    const double t0 = cli_now_ms();
+    while (ok && dfl_engine_seq_state(e, 0) == DFL_SEQ_ACTIVE) ok = dfl_engine_step(e, NULL, 0, &err) == DFL_OK;
+    *ms_out = cli_now_ms() - t0;
+    if (d != NULL) {
+        const dfl_engine_stats s1 = dfl_engine_get_stats(e);
+        d->t_draft_ms = s1.t_draft_ms - s0.t_draft_ms;
+        d->t_verify_ms = s1.t_verify_ms - s0.t_verify_ms;
+        d->t_inject_ms = s1.t_inject_ms - s0.t_inject_ms;
+        d->t_other_ms = s1.t_other_ms - s0.t_other_ms;
+        d->feature_host_bytes = s1.feature_host_bytes - s0.feature_host_bytes;
     }
-    return true;
-}
-
-static int32_t argmax(const float *x, int64_t n) {
-    int64_t k = 0;
-    for (int64_t i = 1; i < n; i++) if (x[i] > x[k]) k = i;
-    return (int32_t)k;
+    if (!ok) fprintf(stderr, "dflash bench: %s\n", err.msg);
+    return ok;
 }
 
 static bool bench_ar(bench *b, const int32_t *prompt, int64_t n_prompt) {
     dfl_error err = {0};
-    const int64_t nb = b->o.n_batch;
-    dfl_batch *bt = dfl_batch_init(nb > b->n_verify ? nb : b->n_verify, 0, 1, &err);
+    dfl_batch *bt = dfl_batch_init(b->n_verify, 0, 1, &err);
     int32_t *rnd = malloc((size_t)(b->n_pp + 1) * sizeof(int32_t));
     double *t = malloc((size_t)(b->reps + 1) * sizeof(double) * 3);
     if (bt == NULL || rnd == NULL || t == NULL) return false;
     const int64_t nv = dfl_n_vocab(b->ar);
     for (int64_t i = 0; i <= b->n_pp; i++) rnd[i] = (int32_t)((i * 2654435761u) % (uint64_t)nv);
+    dfl_seq_params sp1 = dfl_seq_default_params();
+    sp1.max_tokens = 1;
     bool ok = true;
-    /* pp */
+    /* pp: a prefill of n_pp tokens (and its first token) */
     for (int r = 0; r <= b->reps && ok; r++) {
-        dfl_seq_remove(b->ar, 0, 0, NULL);
+        dfl_engine_seq_reset(b->plain, 0, NULL);
         double t0 = cli_now_ms();
-        ok = decode_tokens(b->ar, bt, rnd, b->n_pp, nb, false);
+        ok = dfl_engine_seq_start(b->plain, 0, rnd, b->n_pp, &sp1, &err) == DFL_OK;
         if (r > 0) t[r - 1] = cli_now_ms() - t0;
     }
     if (!ok) goto out;
@@ -97,19 +102,14 @@ static bool bench_ar(bench *b, const int32_t *prompt, int64_t n_prompt) {
         snprintf(row->name, sizeof(row->name), "pp%lld", (long long)b->n_pp);
         row->ms = ms;
         row->tok_s = (double)b->n_pp / (ms / 1e3);
-        snprintf(row->note, sizeof(row->note), "prompt of %lld tokens, batches of %lld", (long long)b->n_pp, (long long)nb);
+        snprintf(row->note, sizeof(row->note), "prompt of %lld tokens, batches of %lld", (long long)b->n_pp,
+                 (long long)b->o.n_batch);
     }
-    /* tg: after the prompt, n_tg single-token steps (greedy) */
+    /* tg: after the prompt, n_tg plain steps (greedy) */
     for (int r = 0; r <= b->reps && ok; r++) {
-        dfl_seq_remove(b->ar, 0, 0, NULL);
-        ok = decode_tokens(b->ar, bt, prompt, n_prompt, nb, false);
-        int32_t tok = ok ? argmax(dfl_get_logits(b->ar, bt->n_tokens - 1), nv) : 0;
-        double t0 = cli_now_ms();
-        for (int64_t k = 0; k < b->n_tg && ok; k++) {
-            ok = decode_tokens(b->ar, bt, &tok, 1, nb, true);
-            if (ok) tok = argmax(dfl_get_logits(b->ar, 0), nv);
-        }
-        if (r > 0) t[r - 1] = cli_now_ms() - t0;
+        double ms = 0;
+        ok = engine_gen(b->plain, prompt, n_prompt, b->n_tg + 1, &ms, NULL);
+        if (r > 0) t[r - 1] = ms;
     }
     if (!ok) goto out;
     {
@@ -121,15 +121,28 @@ static bool bench_ar(bench *b, const int32_t *prompt, int64_t n_prompt) {
         row->gb_s = (double)b->weight_bytes / (row->ms / 1e3) / 1e9;
         snprintf(row->note, sizeof(row->note), "ms per token; weights %.1f MB", (double)b->weight_bytes / 1e6);
     }
-    /* a verification-sized batch at the end of the prompt, rolled back each time */
+    /* a verification-sized batch (one forward pass, logits for all) after a prompt, rolled back */
     for (int r = 0; r <= b->reps && ok; r++) {
         dfl_seq_remove(b->ar, 0, 0, NULL);
-        ok = decode_tokens(b->ar, bt, prompt, n_prompt, nb, false);
+        dfl_batch_clear(bt);
+        for (int64_t i = 0; i < n_prompt && i < b->n_verify; i++) {
+            const int32_t pos = (int32_t)i;
+            dfl_batch_add_token(bt, prompt[i], &pos, 0, false);
+        }
+        ok = dfl_decode(b->ar, bt, &err) == DFL_OK;
+        dfl_batch_clear(bt);
+        for (int64_t i = 0; i < b->n_verify; i++) {
+            const int32_t pos = (int32_t)(dfl_seq_len(b->ar, 0) + i);
+            dfl_batch_add_token(bt, rnd[i], &pos, 0, true);
+        }
         double t0 = cli_now_ms();
-        if (ok) ok = decode_tokens(b->ar, bt, rnd, b->n_verify, b->n_verify, true);
+        ok = ok && dfl_decode(b->ar, bt, &err) == DFL_OK;
         if (r > 0) t[r - 1] = cli_now_ms() - t0;
     }
-    if (!ok) goto out;
+    if (!ok) {
+        fprintf(stderr, "dflash bench: %s\n", err.msg);
+        goto out;
+    }
     {
         double ms = median(t, b->reps);
         bench_row *row = add_row(b, "");
@@ -141,66 +154,10 @@ static bool bench_ar(bench *b, const int32_t *prompt, int64_t n_prompt) {
                  (long long)b->n_verify, ms / b->rows[b->n_rows - 2].ms);
     }
 out:
+    if (!ok) fprintf(stderr, "dflash bench: %s\n", err.msg);
     free(t);
     free(rnd);
     dfl_batch_free(bt);
-    return ok;
-}
-
-/* AR greedy generation of n tokens after the prompt (the baseline of the speculative row). */
-static bool gen_ar(bench *b, const int32_t *prompt, int64_t n_prompt, double *ms_out) {
-    dfl_error err = {0};
-    dfl_batch *bt = dfl_batch_init(b->o.n_batch, 0, 1, &err);
-    if (bt == NULL) return false;
-    dfl_seq_remove(b->ar, 0, 0, NULL);
-    bool ok = decode_tokens(b->ar, bt, prompt, n_prompt, b->o.n_batch, false);
-    const int64_t nv = dfl_n_vocab(b->ar);
-    int32_t tok = ok ? argmax(dfl_get_logits(b->ar, bt->n_tokens - 1), nv) : 0;
-    double t0 = cli_now_ms();
-    for (int64_t k = 1; k < b->n_spec && ok; k++) {
-        ok = decode_tokens(b->ar, bt, &tok, 1, 1, true);
-        if (ok) tok = argmax(dfl_get_logits(b->ar, 0), nv);
-    }
-    *ms_out = cli_now_ms() - t0;
-    dfl_batch_free(bt);
-    return ok;
-}
-
-/* Speculative generation of n tokens with a fresh session on the given feature path. */
-static bool gen_spec(bench *b, dfl_feature_path fp, dfl_feature_wait wait, const int32_t *prompt, int64_t n_prompt,
-                     double *ms_out, dfl_spec_stats *st_out) {
-    dfl_error err = {0};
-    dfl_spec_params sp = dfl_spec_default_params();
-    sp.n_draft = b->o.draft_max;
-    sp.draft_p_min = b->o.draft_p_min;
-    sp.n_draft_min = b->o.draft_min; /* <= the draft length: checked when the session opened */
-    sp.features = fp;
-    sp.wait = wait;
-    dfl_spec *spec = dfl_spec_new(b->s.tctx, b->s.dctx, &sp, &err);
-    if (spec == NULL) {
-        fprintf(stderr, "dflash bench: %s\n", err.msg);
-        return false;
-    }
-    dfl_spec_seq_reset(spec, 0);
-    int32_t first, seq = 0, n_step = 0;
-    int32_t toks[64];
-    bool ok = dfl_spec_prefill(spec, 0, prompt, n_prompt, &first, &err) == DFL_OK;
-    dfl_spec_stats st0 = dfl_spec_get_stats(spec);
-    double t0 = cli_now_ms();
-    int64_t n = 1;
-    while (ok && n < b->n_spec) {
-        ok = dfl_spec_step(spec, 1, &seq, toks, &n_step, &err) == DFL_OK;
-        n += n_step;
-    }
-    *ms_out = (cli_now_ms() - t0) * (double)(b->n_spec - 1) / (double)(n - 1); /* per n_spec-1 tokens */
-    dfl_spec_stats st = dfl_spec_get_stats(spec);
-    st.t_prefill_ms -= st0.t_prefill_ms;
-    st.t_inject_ms -= st0.t_inject_ms;
-    st.feature_host_bytes -= st0.feature_host_bytes;
-    *st_out = st;
-    if (!ok) fprintf(stderr, "dflash bench: %s\n", err.msg);
-    dfl_spec_seq_reset(spec, 0);
-    dfl_spec_free(spec);
     return ok;
 }
 
@@ -210,24 +167,40 @@ static bool bench_spec(bench *b, const int32_t *prompt, int64_t n_prompt) {
                                     "spec-gen (device features, device-side wait)"};
     const dfl_feature_path paths[NV] = {DFL_FEATURES_DEVICE, DFL_FEATURES_HOST, DFL_FEATURES_DEVICE};
     const dfl_feature_wait waits[NV] = {DFL_WAIT_HOST, DFL_WAIT_HOST, DFL_WAIT_DEVICE};
+    dfl_engine *eng[NV] = {NULL};
     double *t_ar = malloc(sizeof(double) * (size_t)b->reps), *t_sp[NV];
     for (int f = 0; f < NV; f++) t_sp[f] = malloc(sizeof(double) * (size_t)b->reps);
-    dfl_spec_stats st[NV];
+    dfl_seq_stats st[NV];
     double split[NV][4] = {{0}};
+    uint64_t host_bytes[NV] = {0};
     bool ok = t_ar && t_sp[0] && t_sp[1] && t_sp[2];
+    dfl_error err = {0};
+    for (int f = 0; f < NV && ok; f++) {
+        dfl_engine_params ep = cli_engine_params(&b->o);
+        ep.features = paths[f];
+        ep.wait = waits[f];
+        eng[f] = dfl_engine_new_from_models(b->s.target, b->s.drafter, b->s.vocab, &ep, &err);
+        if (eng[f] == NULL) {
+            fprintf(stderr, "dflash bench: %s\n", err.msg);
+            ok = false;
+        }
+    }
     for (int r = 0; r <= b->reps && ok; r++) {
         double ms = 0;
-        ok = gen_ar(b, prompt, n_prompt, &ms);
+        ok = engine_gen(b->plain, prompt, n_prompt, b->n_spec, &ms, NULL);
         if (r > 0) t_ar[r - 1] = ms;
         for (int f = 0; f < NV && ok; f++) {
-            ok = gen_spec(b, paths[f], waits[f], prompt, n_prompt, &ms, &st[f]);
+            dfl_engine_stats d;
+            ok = engine_gen(eng[f], prompt, n_prompt, b->n_spec, &ms, &d);
+            dfl_engine_seq_stats(eng[f], 0, &st[f], NULL);
+            host_bytes[f] = d.feature_host_bytes;
             if (r > 0) {
                 t_sp[f][r - 1] = ms;
                 const double steps = (double)(st[f].n_steps > 0 ? st[f].n_steps : 1);
-                split[f][0] += st[f].t_draft_ms / steps / b->reps;
-                split[f][1] += st[f].t_verify_ms / steps / b->reps;
-                split[f][2] += st[f].t_inject_ms / steps / b->reps;
-                split[f][3] += st[f].t_other_ms / steps / b->reps;
+                split[f][0] += d.t_draft_ms / steps / b->reps;
+                split[f][1] += d.t_verify_ms / steps / b->reps;
+                split[f][2] += d.t_inject_ms / steps / b->reps;
+                split[f][3] += d.t_other_ms / steps / b->reps;
             }
         }
     }
@@ -248,10 +221,11 @@ static bool bench_spec(bench *b, const int32_t *prompt, int64_t n_prompt) {
             row->tok_s = n_gen / (sp / 1e3);
             snprintf(row->note, sizeof(row->note), "%.2fx ar; tau %.2f; %.1f drafts verified per step; step %.2f ms = "
                      "draft %.2f + verify %.2f + inject %.2f + other %.2f; %llu feature bytes via host",
-                     ar / sp, tau, (double)st[f].n_drafted / steps, split[f][0] + split[f][1] + split[f][2] + split[f][3],
-                     split[f][0], split[f][1], split[f][2], split[f][3], (unsigned long long)st[f].feature_host_bytes);
+                     ar / sp, tau, (double)st[f].n_draft_tokens / steps, split[f][0] + split[f][1] + split[f][2] + split[f][3],
+                     split[f][0], split[f][1], split[f][2], split[f][3], (unsigned long long)host_bytes[f]);
         }
     }
+    for (int f = 0; f < NV; f++) dfl_engine_free(eng[f]);
     free(t_ar);
     for (int f = 0; f < NV; f++) free(t_sp[f]);
     return ok;
@@ -346,15 +320,18 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     dfl_error err = {0};
+    dfl_engine_params ep = cli_engine_params(&b.o);
+    b.plain = dfl_engine_new_from_models(b.s.target, NULL, b.s.vocab, &ep, &err);
     dfl_context_params cp = dfl_context_default_params();
     cp.n_ctx = b.o.n_ctx;
-    cp.n_batch = b.o.n_batch > b.n_verify ? b.o.n_batch : b.n_verify;
-    cp.n_ubatch = cp.n_batch;
-    cp.n_outputs = b.n_verify;
-    cp.share_backend = b.s.tctx;
-    b.ar = dfl_context_new(b.s.target, &cp, &err);
+    cp.n_batch = cp.n_ubatch = cp.n_outputs = b.n_verify;
+    cp.n_threads = b.o.n_threads;
+    cp.n_threads_batch = b.o.n_threads_batch;
+    cp.device = b.o.device;
+    b.ar = b.plain != NULL ? dfl_context_new(b.s.target, &cp, &err) : NULL;
     if (b.ar == NULL) {
         fprintf(stderr, "dflash bench: %s\n", err.msg);
+        dfl_engine_free(b.plain);
         cli_session_close(&b.s);
         return 1;
     }
@@ -362,7 +339,7 @@ int cmd_bench(int argc, char **argv) {
     int32_t *prompt = NULL;
     int64_t n_prompt = cli_tokenize_prompt(&b.s, &b.o, b.o.prompt, &prompt, "bench");
     bool ok = n_prompt > 0 && bench_ar(&b, prompt, n_prompt);
-    if (ok && b.s.spec != NULL) ok = bench_spec(&b, prompt, n_prompt);
+    if (ok && b.s.drafter != NULL) ok = bench_spec(&b, prompt, n_prompt);
     if (ok && b.llama) bench_llama(&b);
     const dfl_hparams *hp = dfl_model_hparams(b.s.target);
     if (b.csv) {
@@ -374,7 +351,7 @@ int cmd_bench(int argc, char **argv) {
         printf("model: %s (%s, %lld layers, n_embd %lld, %.1f MB)%s%s, threads %d (0 = all cores), %s queues, "
                "median of %d after a warm-up\n\n",
                b.o.model, dfl_arch_name(hp->arch), (long long)hp->n_layer, (long long)hp->n_embd, (double)b.weight_bytes / 1e6,
-               b.s.spec ? ", drafter " : "", b.s.spec ? b.o.draft : "", b.o.n_threads, b.o.async ? "async" : "sync", b.reps);
+               b.s.drafter ? ", drafter " : "", b.s.drafter ? b.o.draft : "", b.o.n_threads, b.o.async ? "async" : "sync", b.reps);
         printf("| test | tok/s | ms | GB/s | notes |\n|---|---:|---:|---:|---|\n");
         for (int i = 0; i < b.n_rows; i++) {
             char gbs[32] = "";
@@ -384,6 +361,7 @@ int cmd_bench(int argc, char **argv) {
     }
     free(prompt);
     dfl_context_free(b.ar);
+    dfl_engine_free(b.plain);
     cli_session_close(&b.s);
     return ok ? 0 : 1;
 }

@@ -1,6 +1,7 @@
-/* cmd_generate.c: `dflash generate`: text generation with a target model, speculative with a
- * DFlash drafter (-md, or the embedded default pair when no -m is given). Streams text as it is
- * produced; --json prints one object at the end. */
+/* cmd_generate.c: `dflash generate`: text generation through the engine: speculative with a
+ * DFlash drafter (-md, or the embedded default pair when no -m is given), plain with --no-spec
+ * or without a drafter: the same loop either way. Streams the engine's text deltas; --json
+ * prints one object at the end. */
 #include "cli_common.h"
 #include "cmds.h"
 #include "base/jsonw.h"
@@ -14,41 +15,22 @@ static int usage(FILE *out) {
     return out == stdout ? 0 : 2;
 }
 
-typedef struct gen_out {
-    int32_t *tokens;
-    int64_t n, cap;
-    char *text;
-    size_t text_len, text_cap;
-} gen_out;
-
-static bool out_push_text(gen_out *g, const char *t, size_t len) {
-    if (g->text_len + len + 1 > g->text_cap) {
-        size_t cap = (g->text_len + len + 1) * 2;
-        char *p = realloc(g->text, cap);
-        if (p == NULL) return false;
-        g->text = p;
-        g->text_cap = cap;
+/* Appends what the engine gives to the collected tokens and text (and streams the text). */
+static bool collect(const dfl_seq_output *so, bool stream, int32_t **tok, int64_t *n_tok, char **text, size_t *n_text) {
+    int32_t *t = realloc(*tok, (size_t)(*n_tok + so->n_tokens + 1) * sizeof(int32_t));
+    char *x = realloc(*text, *n_text + so->text_len + 1);
+    if (t != NULL) *tok = t;
+    if (x != NULL) *text = x;
+    if (t == NULL || x == NULL) return false;
+    memcpy(t + *n_tok, so->tokens, (size_t)so->n_tokens * sizeof(int32_t));
+    *n_tok += so->n_tokens;
+    memcpy(x + *n_text, so->text, so->text_len + 1);
+    *n_text += so->text_len;
+    if (stream && so->text_len > 0) {
+        fwrite(so->text, 1, so->text_len, stdout);
+        fflush(stdout);
     }
-    memcpy(g->text + g->text_len, t, len);
-    g->text_len += len;
-    g->text[g->text_len] = '\0';
     return true;
-}
-
-/* Appends one generated token; streams its text. Returns false at the end of generation. */
-static bool emit(gen_out *g, const cli_session *s, const cli_opts *o, dfl_detok *dt, int32_t tok) {
-    if (dfl_vocab_is_eog(s->vocab, tok)) return false;
-    g->tokens[g->n++] = tok;
-    const char *t;
-    size_t len;
-    if (dfl_detok_push(dt, tok, &t, &len) == DFL_OK && len > 0) {
-        out_push_text(g, t, len);
-        if (!o->json) {
-            fwrite(t, 1, len, stdout);
-            fflush(stdout);
-        }
-    }
-    return g->n < o->n_predict;
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -69,127 +51,53 @@ int cmd_generate(int argc, char **argv) {
     }
     o.n_seq = 1;
     cli_session s;
-    if (cli_session_open(&s, &o, o.json, "generate") != 0) {
-        cli_session_close(&s);
-        return 1;
-    }
-    int32_t *prompt = NULL;
-    int64_t n_prompt = cli_tokenize_prompt(&s, &o, o.prompt, &prompt, "generate");
-    if (n_prompt < 0) {
-        cli_session_close(&s);
-        return 1;
+    int32_t *prompt = NULL, *tokens = NULL;
+    char *text = NULL;
+    int64_t n_tok = 0;
+    size_t n_text = 0;
+    int rc = 1;
+    if (cli_session_open(&s, &o, o.json, "generate") != 0) goto done;
+    const int64_t n_prompt = cli_tokenize_prompt(&s, &o, o.prompt, &prompt, "generate");
+    if (n_prompt < 0) goto done;
+    dfl_engine *e = s.engine;
+    if (n_prompt + o.n_predict + 64 > dfl_engine_n_ctx(e)) {
+        fprintf(stderr, "dflash generate: prompt (%lld tokens) + %lld to generate do not fit the context of %lld "
+                "(use -c)\n", (long long)n_prompt, (long long)o.n_predict, (long long)dfl_engine_n_ctx(e));
+        goto done;
     }
     dfl_error err = {0};
-    gen_out g;
-    memset(&g, 0, sizeof(g));
-    g.cap = o.n_predict + 64;
-    g.tokens = malloc((size_t)g.cap * sizeof(int32_t));
-    dfl_detok *dt = dfl_detok_new(s.vocab, false, &err);
-    int rc = 0;
-    double t_prompt = 0, t_gen = 0;
-    int32_t *step_tokens = NULL, n_step = 0;
-    if (g.tokens == NULL || dt == NULL) {
-        fprintf(stderr, "dflash generate: out of memory\n");
-        rc = 1;
-        goto done;
-    }
-    if (n_prompt + o.n_predict + 64 > dfl_n_ctx(s.tctx)) {
-        fprintf(stderr, "dflash generate: prompt (%lld tokens) + %lld to generate do not fit the context of %lld "
-                "(use -c)\n", (long long)n_prompt, (long long)o.n_predict, (long long)dfl_n_ctx(s.tctx));
-        rc = 1;
-        goto done;
-    }
-    double t0 = cli_now_ms();
-    if (o.n_predict == 0) goto finish;
-    if (s.spec != NULL) {
-        int32_t first;
-        if (dfl_spec_prefill(s.spec, 0, prompt, n_prompt, &first, &err) != DFL_OK) {
+    const dfl_seq_params sp = cli_seq_params(&o);
+    double t_gen = 0;
+    rc = 0;
+    if (o.n_predict > 0) {
+        if (dfl_engine_seq_start(e, 0, prompt, n_prompt, &sp, &err) != DFL_OK) {
             fprintf(stderr, "dflash generate: %s\n", err.msg);
             rc = 1;
             goto done;
         }
-        t_prompt = cli_now_ms() - t0;
-        double t1 = cli_now_ms();
-        const int32_t k = dfl_spec_n_draft(s.spec);
-        step_tokens = malloc((size_t)(k + 1) * sizeof(int32_t));
-        bool more = step_tokens != NULL && emit(&g, &s, &o, dt, first);
-        const int32_t seq = 0;
-        while (more) {
-            if (dfl_spec_step(s.spec, 1, &seq, step_tokens, &n_step, &err) != DFL_OK) {
+        const double t1 = cli_now_ms();
+        for (;;) {
+            dfl_seq_output so;
+            dfl_engine_seq_read(e, 0, &so, &err);
+            if (!collect(&so, !o.json, &tokens, &n_tok, &text, &n_text)) {
+                fprintf(stderr, "\ndflash generate: out of memory\n");
+                rc = 1;
+                break;
+            }
+            if (so.state != DFL_SEQ_ACTIVE) break;
+            if (dfl_engine_step(e, NULL, 0, &err) != DFL_OK) {
                 fprintf(stderr, "\ndflash generate: %s\n", err.msg);
                 rc = 1;
                 break;
             }
-            for (int32_t j = 0; j < n_step && more; j++) more = emit(&g, &s, &o, dt, step_tokens[j]);
         }
         t_gen = cli_now_ms() - t1;
-    } else {
-        dfl_sampler_params sp = dfl_sampler_default_params();
-        sp.temp = o.temp;
-        sp.top_k = o.top_k;
-        sp.top_p = o.top_p;
-        sp.min_p = o.min_p;
-        sp.repeat_penalty = o.repeat_penalty;
-        sp.seed = o.seed;
-        dfl_sampler *smp = dfl_sampler_new(&sp, dfl_n_vocab(s.tctx), &err);
-        dfl_batch *b = dfl_batch_init(o.n_batch, 0, 1, &err);
-        if (smp == NULL || b == NULL) {
-            fprintf(stderr, "dflash generate: %s\n", err.msg);
-            dfl_sampler_free(smp);
-            dfl_batch_free(b);
-            rc = 1;
-            goto done;
-        }
-        for (int64_t i = 0; i < n_prompt; i++) dfl_sampler_accept(smp, prompt[i]);
-        int64_t pos = 0;
-        bool ok = true;
-        for (int64_t off = 0; off < n_prompt && ok; off += o.n_batch) {
-            const int64_t m = n_prompt - off < o.n_batch ? n_prompt - off : o.n_batch;
-            dfl_batch_clear(b);
-            for (int64_t j = 0; j < m; j++) {
-                const int32_t p = (int32_t)(pos++);
-                dfl_batch_add_token(b, prompt[off + j], &p, 0, off + j == n_prompt - 1);
-            }
-            ok = dfl_decode(s.tctx, b, &err) == DFL_OK;
-        }
-        int32_t tok = ok ? dfl_sampler_sample(smp, dfl_get_logits(s.tctx, b->n_tokens - 1)) : -1;
-        t_prompt = cli_now_ms() - t0;
-        double t1 = cli_now_ms();
-        bool more = ok && tok >= 0;
-        while (more) {
-            dfl_sampler_accept(smp, tok);
-            more = emit(&g, &s, &o, dt, tok);
-            if (!more) break;
-            dfl_batch_clear(b);
-            const int32_t p = (int32_t)(pos++);
-            dfl_batch_add_token(b, tok, &p, 0, true);
-            if (dfl_decode(s.tctx, b, &err) != DFL_OK) {
-                ok = false;
-                break;
-            }
-            tok = dfl_sampler_sample(smp, dfl_get_logits(s.tctx, 0));
-            more = tok >= 0;
-        }
-        t_gen = cli_now_ms() - t1;
-        if (!ok) {
-            fprintf(stderr, "\ndflash generate: %s\n", err.msg);
-            rc = 1;
-        }
-        dfl_sampler_free(smp);
-        dfl_batch_free(b);
     }
-finish:;
-    const char *tail;
-    size_t tail_len;
-    dfl_detok_flush(dt, &tail, &tail_len);
-    if (tail_len > 0) {
-        out_push_text(&g, tail, tail_len);
-        if (!o.json) fwrite(tail, 1, tail_len, stdout);
-    }
-    const double tps = t_gen > 0 ? (double)g.n / (t_gen / 1e3) : 0.0;
-    dfl_spec_stats st;
-    memset(&st, 0, sizeof(st));
-    if (s.spec) st = dfl_spec_get_stats(s.spec);
+    dfl_seq_stats st;
+    dfl_engine_seq_stats(e, 0, &st, &err);
+    const dfl_engine_stats es = dfl_engine_get_stats(e);
+    const double tps = t_gen > 0 ? (double)n_tok / (t_gen / 1e3) : 0.0;
+    const bool spec = dfl_engine_n_draft(e) > 0;
     const double tau = st.n_steps > 0 ? (double)(st.n_accepted + st.n_steps) / (double)st.n_steps : 0.0;
     if (o.json) {
         jsonw w;
@@ -201,48 +109,46 @@ finish:;
         jsonw_arr_end(&w);
         jsonw_key(&w, "tokens");
         jsonw_arr_begin(&w);
-        for (int64_t i = 0; i < g.n; i++) jsonw_int(&w, g.tokens[i]);
+        for (int64_t i = 0; i < n_tok; i++) jsonw_int(&w, tokens[i]);
         jsonw_arr_end(&w);
-        jsonw_key(&w, "text"); jsonw_strn(&w, g.text ? g.text : "", g.text_len);
+        jsonw_key(&w, "text"); jsonw_strn(&w, text ? text : "", n_text);
         jsonw_key(&w, "n_prompt"); jsonw_int(&w, n_prompt);
-        jsonw_key(&w, "n_gen"); jsonw_int(&w, g.n);
-        jsonw_key(&w, "t_prompt_ms"); jsonw_double(&w, t_prompt);
+        jsonw_key(&w, "n_gen"); jsonw_int(&w, n_tok);
+        jsonw_key(&w, "t_prompt_ms"); jsonw_double(&w, st.t_prefill_ms);
         jsonw_key(&w, "t_gen_ms"); jsonw_double(&w, t_gen);
         jsonw_key(&w, "tok_per_s"); jsonw_double(&w, tps);
-        jsonw_key(&w, "speculative"); jsonw_bool(&w, s.spec != NULL);
-        if (s.spec) {
-            jsonw_key(&w, "n_draft"); jsonw_int(&w, dfl_spec_n_draft(s.spec));
+        jsonw_key(&w, "speculative"); jsonw_bool(&w, spec);
+        if (spec) {
+            jsonw_key(&w, "n_draft"); jsonw_int(&w, dfl_engine_n_draft(e));
             jsonw_key(&w, "n_steps"); jsonw_int(&w, st.n_steps);
-            jsonw_key(&w, "n_drafted"); jsonw_int(&w, st.n_drafted);
+            jsonw_key(&w, "n_drafted"); jsonw_int(&w, st.n_draft_tokens);
             jsonw_key(&w, "n_accepted"); jsonw_int(&w, st.n_accepted);
             jsonw_key(&w, "tau"); jsonw_double(&w, tau);
             jsonw_key(&w, "accept_hist");
             jsonw_arr_begin(&w);
-            for (int32_t k = 0; k <= dfl_spec_n_draft(s.spec); k++) jsonw_int(&w, st.accept_hist[k]);
+            for (int32_t k = 0; k <= dfl_engine_n_draft(e); k++) jsonw_int(&w, es.accept_hist[k]);
             jsonw_arr_end(&w);
-            jsonw_key(&w, "t_draft_ms"); jsonw_double(&w, st.t_draft_ms);
-            jsonw_key(&w, "t_verify_ms"); jsonw_double(&w, st.t_verify_ms);
-            jsonw_key(&w, "t_inject_ms"); jsonw_double(&w, st.t_inject_ms);
-            jsonw_key(&w, "feature_path"); jsonw_str(&w, dfl_spec_feature_path_name(s.spec));
-            jsonw_key(&w, "feature_host_bytes"); jsonw_uint(&w, st.feature_host_bytes);
+            jsonw_key(&w, "t_draft_ms"); jsonw_double(&w, es.t_draft_ms);
+            jsonw_key(&w, "t_verify_ms"); jsonw_double(&w, es.t_verify_ms);
+            jsonw_key(&w, "t_inject_ms"); jsonw_double(&w, es.t_inject_ms);
+            jsonw_key(&w, "feature_path"); jsonw_str(&w, dfl_engine_feature_path(e));
+            jsonw_key(&w, "feature_host_bytes"); jsonw_uint(&w, es.feature_host_bytes);
         }
         jsonw_obj_end(&w);
         fputc('\n', stdout);
     } else {
         fputc('\n', stdout);
         fprintf(stderr, "dflash: prompt %lld tokens in %.1f ms, generated %lld tokens in %.1f ms (%.2f tok/s)\n",
-                (long long)n_prompt, t_prompt, (long long)g.n, t_gen, tps);
-        if (s.spec) {
+                (long long)n_prompt, st.t_prefill_ms, (long long)n_tok, t_gen, tps);
+        if (spec) {
             fprintf(stderr, "dflash: speculative: tau %.2f (%lld steps, %lld of %lld drafts accepted), features via %s\n",
-                    tau, (long long)st.n_steps, (long long)st.n_accepted, (long long)st.n_drafted,
-                    dfl_spec_feature_path_name(s.spec));
+                    tau, (long long)st.n_steps, (long long)st.n_accepted, (long long)st.n_draft_tokens,
+                    dfl_engine_feature_path(e));
         }
     }
 done:
-    free(step_tokens);
-    dfl_detok_free(dt);
-    free(g.tokens);
-    free(g.text);
+    free(tokens);
+    free(text);
     free(prompt);
     cli_session_close(&s);
     return rc;

@@ -6,6 +6,8 @@
 #include "dflash.h"
 #include "base/error.h"
 #include "engine/stop_text.h"
+#include "model/context.h"
+#include "sample/sampler.h"
 #include "speculative/session.h"
 
 #include <stdlib.h>
@@ -584,11 +586,16 @@ static dfl_status plain_step(dfl_engine *e, int32_t n, dfl_error *err) {
         const int32_t pos = (int32_t)q->n_hist;
         dfl_batch_add_token(e->batch, q->pending, &pos, e->act[i], true);
     }
+    /* greedy sequences without penalties need only the argmax: ids come back, not logits */
+    bool ids_only = true;
+    for (int32_t i = 0; i < n; i++) ids_only = ids_only && sampler_is_plain_greedy(e->seqs[e->act[i]].smp);
+    context_set_argmax_only(e->tctx, ids_only);
     dfl_status st = dfl_decode(e->tctx, e->batch, err);
+    context_set_argmax_only(e->tctx, false);
     if (st != DFL_OK) return st;
     for (int32_t i = 0; i < n; i++) {
         eng_seq *q = &e->seqs[e->act[i]];
-        const int32_t tok = dfl_sampler_sample(q->smp, dfl_get_logits(e->tctx, i));
+        const int32_t tok = ids_only ? context_get_argmax(e->tctx, i) : dfl_sampler_sample(q->smp, dfl_get_logits(e->tctx, i));
         if (tok < 0) return error_set(err, DFL_ERR_INVALID, "step: the target's logits are not finite (sequence %d)", e->act[i]);
         dfl_sampler_accept(q->smp, tok);
         e->step_tok[(size_t)i * (size_t)(e->n_draft + 1)] = tok;
@@ -672,8 +679,8 @@ dfl_status dfl_engine_step(dfl_engine *e, const int32_t *seqs, int32_t n, dfl_er
                 q->stats.accepted_per_pos[j]++;
                 e->stats.accepted_per_pos[j]++;
             }
-            e->stats.accept_hist[a]++;
         }
+        if (e->spec != NULL) e->stats.accept_hist[nt - 1]++;
         st = commit_tokens(e, q, toks, nt, err);
         if (st != DFL_OK) return st;
     }

@@ -119,65 +119,19 @@ static dfl_status context_alloc_host(dfl_context *ctx, dfl_error *err) {
     ctx->groups = calloc((size_t)n, sizeof(ctx_group));
     ctx->seq_len_tmp = calloc((size_t)ctx->kv.n_seq, sizeof(int64_t));
     ctx->logits = calloc((size_t)ctx->n_vocab * (size_t)ctx->n_out_max, sizeof(float));
+    ctx->argmax_ids = calloc((size_t)ctx->n_out_max, sizeof(int32_t));
     ctx->out_of = calloc((size_t)ctx->params.n_batch, sizeof(int64_t));
-    if (ctx->model->hp.arch == DFL_ARCH_DFLASH) {
-        ctx->h_erow = calloc((size_t)n, sizeof(int32_t));
-        ctx->h_feat = calloc((size_t)(ctx->model->hp.n_target_layers * ctx->n_embd * n), sizeof(float));
-        ctx->blk_tok = calloc((size_t)n, sizeof(int32_t));
-        ctx->blk_pos = calloc((size_t)n, sizeof(int32_t));
-        ctx->blk_seq = calloc((size_t)n, sizeof(int32_t));
-        ctx->blk_out = calloc((size_t)n, sizeof(bool));
-        ctx->model_dflash_logit_scale = ctx->model->dflash.logit_scale;
-        if (!ctx->h_erow || !ctx->h_feat || !ctx->blk_tok || !ctx->blk_pos || !ctx->blk_seq || !ctx->blk_out) return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
-    }
     if (!ctx->h_ids || !ctx->h_pos || !ctx->h_cells || !ctx->h_rows || !ctx->h_bidx || !ctx->h_perm || !ctx->h_inv || !ctx->h_mask ||
-        !ctx->h_embd || !ctx->groups || !ctx->seq_len_tmp || !ctx->logits || !ctx->out_of) {
+        !ctx->h_embd || !ctx->groups || !ctx->seq_len_tmp || !ctx->logits || !ctx->argmax_ids || !ctx->out_of) {
         return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
     }
     return DFL_OK;
 }
 
-/* The feature capture: ONE buffer [width, n_batch] in backend memory (the device path), or, when
- * it is disabled, over the cap or cannot be allocated, a staging buffer [width, n_ubatch] whose
- * rows are copied to host memory after each micro-batch (the host path). Host copies [width,
- * n_batch] exist in both cases (the host path and dfl_get_features need them). */
-static dfl_status context_alloc_features(dfl_context *ctx, dfl_error *err) {
-    const dfl_context_params *p = &ctx->params;
-    const size_t width = (size_t)ctx->n_capture * (size_t)ctx->n_embd;
-    const size_t full = width * (size_t)p->n_batch * sizeof(float);
-    ctx->feat_note[0] = '\0';
-    if (p->no_feature_buffer) {
-        snprintf(ctx->feat_note, sizeof(ctx->feat_note), "the feature buffer is disabled by configuration");
-    } else if (p->feature_buffer_max > 0 && full > p->feature_buffer_max) {
-        snprintf(ctx->feat_note, sizeof(ctx->feat_note), "a feature buffer of %zu bytes is above the cap of %zu bytes",
-                 full, p->feature_buffer_max);
-    } else {
-        dfl_error e2 = {0};
-        ctx->feat_buf = backend_buffer_alloc(ctx->be, full, &e2);
-        if (ctx->feat_buf == NULL) {
-            snprintf(ctx->feat_note, sizeof(ctx->feat_note), "the feature buffer could not be allocated: %.100s", e2.msg);
-        }
-    }
-    ctx->feat_device = ctx->feat_buf != NULL;
-    if (ctx->feat_device) {
-        ctx->feat = tensor_in_buffer(ctx->feat_buf, 0, QUANT_TYPE_F32, (int64_t)width, p->n_batch);
-    } else {
-        ctx->feat_buf = backend_buffer_alloc(ctx->be, width * (size_t)ctx->n_ub * sizeof(float), err);
-        if (ctx->feat_buf == NULL) return err ? err->code : DFL_ERR_NOMEM;
-        ctx->feat = tensor_in_buffer(ctx->feat_buf, 0, QUANT_TYPE_F32, (int64_t)width, ctx->n_ub);
-    }
-    ctx->feat_host = calloc(width * (size_t)p->n_batch, sizeof(float));
-    if (ctx->feat_host == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory for the feature capture");
-    ctx->ev_written = backend_event_new(ctx->be, err);
-    ctx->ev_read = ctx->ev_written ? backend_event_new(ctx->be, err) : NULL;
-    if (ctx->ev_read == NULL) return err ? err->code : DFL_ERR_NOMEM;
-    return DFL_OK;
-}
-
-bool dfl_context_has_feature_buffer(const dfl_context *ctx) { return ctx != NULL && ctx->feat_device; }
+bool dfl_context_has_feature_buffer(const dfl_context *ctx) { return ctx != NULL && ctx->link != NULL && ctx->link->device; }
 const char *dfl_context_feature_buffer_note(const dfl_context *ctx) {
-    if (ctx == NULL || ctx->n_capture == 0) return "no feature capture";
-    return ctx->feat_device ? "feature buffer in backend memory" : ctx->feat_note;
+    if (ctx == NULL || ctx->link == NULL) return "no feature capture";
+    return ctx->link->device ? "feature buffer in backend memory" : ctx->link->note;
 }
 
 void context_sync_pending(dfl_context *ctx) {
@@ -188,7 +142,9 @@ void context_sync_pending(dfl_context *ctx) {
 }
 
 #ifdef DFL_TEST_HOOKS
-void context_test_set_faults(dfl_context *ctx, uint32_t faults) { ctx->test_faults = faults; }
+void context_test_set_faults(dfl_context *ctx, uint32_t faults) {
+    if (ctx->link != NULL) ctx->link->test_faults = faults;
+}
 #endif
 
 /* A drafter context needs a target context that fits it (SPEC section 3, issue: pairing). */
@@ -218,14 +174,15 @@ static dfl_status drafter_check_target(const dfl_model *d, const dfl_context_par
                              (long long)j, hp->target_layers[j], (long long)th->n_layer);
         }
     }
-    if (t->n_capture != hp->n_target_layers) {
+    const int32_t n_cap = t->link != NULL ? t->link->n_capture : 0;
+    if (n_cap != hp->n_target_layers) {
         return error_set(err, DFL_ERR_INVALID, "the target context captures %d layer inputs; the drafter needs %lld",
-                         t->n_capture, (long long)hp->n_target_layers);
+                         n_cap, (long long)hp->n_target_layers);
     }
     for (int64_t j = 0; j < hp->n_target_layers; j++) {
-        if (t->capture_layers[j] != hp->target_layers[j]) {
+        if (t->link->capture_layers[j] != hp->target_layers[j]) {
             return error_set(err, DFL_ERR_INVALID, "the target context captures layer %d at slot %lld; the drafter needs %d",
-                             t->capture_layers[j], (long long)j, hp->target_layers[j]);
+                             t->link->capture_layers[j], (long long)j, hp->target_layers[j]);
         }
     }
     if (p->n_seq > t->kv.n_seq) {
@@ -293,7 +250,6 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
     ctx->n_out_max = p.n_outputs > 0 ? p.n_outputs : (p.n_batch < 64 ? p.n_batch : 64);
     if (ctx->n_out_max > p.n_batch) ctx->n_out_max = p.n_batch;
     ctx->n_vocab = p.target ? p.target->n_vocab : hp->n_vocab;
-    ctx->target = p.target;
     if (p.target) {
         /* a drafter decodes one block of B slots per sequence at once */
         const int64_t n_block = (int64_t)p.n_seq * hp->block_size;
@@ -303,10 +259,7 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
         p.share_backend = p.target;
     }
     ctx->n_embd = hp->n_embd;
-    ctx->n_capture = p.n_capture;
-    for (int32_t j = 0; j < p.n_capture; j++) ctx->capture_layers[j] = p.capture_layers[j];
     ctx->params.capture_layers = NULL;
-    ctx->features_to_host = true;
 
     if (be != NULL) {
         ctx->be = be; /* borrowed */
@@ -356,7 +309,15 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
     ctx->s.buf = backend_buffer_alloc(ctx->be, scratch_layout(ctx, NULL), err);
     if (ctx->s.buf == NULL) goto fail;
     scratch_layout(ctx, ctx->s.buf);
-    if (ctx->n_capture > 0 && context_alloc_features(ctx, err) != DFL_OK) goto fail;
+    if (p.n_capture > 0) {
+        ctx->link = feature_link_new(ctx->be, p.capture_layers, p.n_capture, ctx->n_embd, p.n_batch, ctx->n_ub,
+                                     p.no_feature_buffer, p.feature_buffer_max, err);
+        if (ctx->link == NULL) goto fail;
+    }
+    if (p.target != NULL) {
+        ctx->dr = drafter_state_new(ctx, p.target, err);
+        if (ctx->dr == NULL) goto fail;
+    }
     return ctx;
 fail:
     dfl_context_free(ctx);
@@ -378,9 +339,8 @@ dfl_context *context_new_on(dfl_model *model, const dfl_context_params *params, 
 void dfl_context_free(dfl_context *ctx) {
     if (ctx == NULL) return;
     if (ctx->queue) backend_queue_synchronize(ctx->queue);
-    if (ctx->feat_buf) backend_buffer_free(ctx->feat_buf);
-    if (ctx->ev_written) backend_event_free(ctx->ev_written);
-    if (ctx->ev_read) backend_event_free(ctx->ev_read);
+    feature_link_free(ctx->link);
+    drafter_state_free(ctx->dr);
     if (ctx->s.buf) backend_buffer_free(ctx->s.buf);
     kv_cache_free(&ctx->kv);
     if (ctx->weights_on_device) weights_device_release(ctx->model, ctx->be);
@@ -389,8 +349,7 @@ void dfl_context_free(dfl_context *ctx) {
     if (ctx->own_backend && ctx->be) backend_free(ctx->be);
     free(ctx->h_ids); free(ctx->h_pos); free(ctx->h_cells); free(ctx->h_rows); free(ctx->h_bidx);
     free(ctx->h_perm); free(ctx->h_inv); free(ctx->h_mask); free(ctx->h_embd); free(ctx->groups); free(ctx->seq_len_tmp);
-    free(ctx->logits); free(ctx->out_of); free(ctx->feat_host); free(ctx->h_erow); free(ctx->h_feat);
-    free(ctx->blk_tok); free(ctx->blk_pos); free(ctx->blk_seq); free(ctx->blk_out);
+    free(ctx->logits); free(ctx->argmax_ids); free(ctx->out_of);
     free(ctx);
 }
 
@@ -426,23 +385,11 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
         return error_set(err, DFL_ERR_INVALID, "batch asks for %lld outputs; the context holds at most %lld "
                          "(dfl_context_params.n_outputs)", (long long)n_out_total, (long long)ctx->n_out_max);
     }
-    /*
-     * The feature buffer protocol (SPEC section 4), target side:
-     *   1. before this batch overwrites the buffer, the target's queue waits (device-side) for
-     *      the drafter's `read` event of the previous batch, once one was recorded;
-     *   2. the forward scatters each captured layer input into row r = batch index r;
-     *   3. after the batch the target records `written`; the drafter waits for it (on the host
-     *      by default) before it enqueues reads of the rows.
-     * The host returns without waiting when no output is asked for (no logits, no host copies):
-     * prompt chunks then overlap with the drafter's work on its own queue.
-     */
+    /* the writer's side of the feature handoff (speculative/feature_link.h, steps 1-3); the host
+     * returns without waiting when no output is asked for (no logits, no host copies): prompt
+     * chunks then overlap with the drafter's work on its own queue */
     context_sync_pending(ctx); /* the host staging arrays are about to be rewritten */
-    if (ctx->n_capture > 0 && ctx->feat_device && ctx->read_recorded) {
-#ifdef DFL_TEST_HOOKS
-        if (!(ctx->test_faults & CTX_FAULT_SKIP_READ_WAIT))
-#endif
-            backend_queue_wait_event(ctx->queue, ctx->ev_read);
-    }
+    if (ctx->link != NULL) feature_link_write_begin(ctx->link, ctx->queue);
     int64_t n_out = 0;
     for (int64_t i = 0; i < batch->n_tokens; i++) {
         ctx->out_of[i] = batch->output[i] ? n_out++ : -1;
@@ -450,28 +397,18 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
     int64_t cursor = 0;
     batch_ubatch ub;
     n_out = 0;
-    const size_t width = (size_t)ctx->n_capture * (size_t)ctx->n_embd;
     while (batch_split(batch, ctx->n_ub, &cursor, &ub)) {
         st = forward_target_ubatch(ctx, &ub, n_out, err);
         if (st != DFL_OK) return st;
         for (int64_t e = 0; e < ub.n_tokens; e++) n_out += ub.output[e] ? 1 : 0;
-        if (ctx->n_capture > 0 && !ctx->feat_device) {
-            /* host path: this micro-batch's staged rows -> host memory */
-            op_read(ctx->queue, ctx->feat_host + (size_t)ub.i0 * width, tensor_rows(&ctx->feat, 0, ub.n_tokens),
-                    width * (size_t)ub.n_tokens * sizeof(float));
-            ctx->feature_host_bytes += width * (size_t)ub.n_tokens * sizeof(float);
-        }
+        if (ctx->link != NULL) feature_link_write_ubatch(ctx->link, ctx->queue, ub.i0, ub.n_tokens);
         if (cursor < batch->n_tokens) backend_queue_synchronize(ctx->queue); /* staging arrays reused */
     }
-    if (ctx->n_capture > 0 && ctx->feat_device && ctx->features_to_host) {
-        ctx->feature_host_bytes += width * (size_t)batch->n_tokens * sizeof(float);
-        op_read(ctx->queue, ctx->feat_host, tensor_rows(&ctx->feat, 0, batch->n_tokens),
-                width * (size_t)batch->n_tokens * sizeof(float));
-    }
-    if (ctx->n_capture > 0) backend_event_record(ctx->ev_written, ctx->queue);
+    const bool host_rows = ctx->link != NULL && feature_link_write_end(ctx->link, ctx->queue, batch->n_tokens);
     ctx->n_outputs = n_out;
     ctx->n_batch_last = batch->n_tokens;
-    const bool host_needs = n_out > 0 || (ctx->n_capture > 0 && (ctx->features_to_host || !ctx->feat_device));
+    ctx->last_argmax = ctx->argmax_only;
+    const bool host_needs = n_out > 0 || host_rows;
     if (host_needs) {
         backend_queue_synchronize(ctx->queue);
         ctx->pending = false;
@@ -481,14 +418,21 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
     return DFL_OK;
 }
 
+void context_set_argmax_only(dfl_context *ctx, bool on) { ctx->argmax_only = on; }
+
+int32_t context_get_argmax(const dfl_context *ctx, int64_t i) {
+    if (!ctx->last_argmax || i < 0 || i >= ctx->n_batch_last || ctx->out_of[i] < 0) return -1;
+    return ctx->argmax_ids[ctx->out_of[i]];
+}
+
 const float *dfl_get_logits(const dfl_context *ctx, int64_t i) {
-    if (ctx == NULL || i < 0 || i >= ctx->n_batch_last || ctx->out_of[i] < 0) return NULL;
+    if (ctx == NULL || ctx->last_argmax || i < 0 || i >= ctx->n_batch_last || ctx->out_of[i] < 0) return NULL;
     return ctx->logits + (size_t)ctx->out_of[i] * (size_t)ctx->n_vocab;
 }
 
 const float *dfl_get_features(const dfl_context *ctx, int64_t i) {
-    if (ctx == NULL || ctx->n_capture == 0 || (ctx->feat_device && !ctx->features_to_host) || i < 0 || i >= ctx->n_batch_last) return NULL;
-    return ctx->feat_host + (size_t)i * (size_t)ctx->n_capture * (size_t)ctx->n_embd;
+    if (ctx == NULL || ctx->link == NULL) return NULL;
+    return feature_link_host_row(ctx->link, i);
 }
 
 int64_t dfl_n_vocab(const dfl_context *ctx) { return ctx->n_vocab; }

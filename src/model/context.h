@@ -8,18 +8,30 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 
-#define CONTEXT_MAX_CAPTURE 64
+#include "speculative/feature_link.h"
+
+#define CONTEXT_MAX_CAPTURE FEATURE_LINK_MAX_CAPTURE
+
+typedef struct drafter_state drafter_state; /* speculative/drafter.c */
 
 #ifdef DFL_TEST_HOOKS
 /* Test-only faults (never in release builds): prove the ordering tests detect a missing wait. */
-#define CTX_FAULT_SKIP_READ_WAIT 1u    /* the target does not wait for `read` */
-#define CTX_FAULT_SKIP_WRITTEN_WAIT 2u /* the drafter does not wait for `written` */
+#define CTX_FAULT_SKIP_READ_WAIT FEATURE_FAULT_SKIP_READ_WAIT       /* the target does not wait for `read` */
+#define CTX_FAULT_SKIP_WRITTEN_WAIT FEATURE_FAULT_SKIP_WRITTEN_WAIT /* the drafter does not wait for `written` */
+/* Sets the faults of a target context's feature link. */
 void context_test_set_faults(dfl_context *ctx, uint32_t faults);
 #endif
 
 /* A context on a given backend (borrowed: it must outlive the context), e.g. an asynchronous
  * CPU backend in the ordering tests, or another device. */
 dfl_context *context_new_on(dfl_model *model, const dfl_context_params *params, backend *be, dfl_error *err);
+
+/* Output mode of the next decodes: argmax ids only (greedy verification: n_out ids come back
+ * instead of n_out x n_vocab floats; dfl_get_logits then returns NULL) or logits. */
+void context_set_argmax_only(dfl_context *ctx, bool on);
+/* Argmax id (lowest id on ties) of output entry i of the last decode made in argmax-only mode;
+ * -1 if i had no output or the decode returned logits. */
+int32_t context_get_argmax(const dfl_context *ctx, int64_t i);
 
 /* Waits for the context's queue if it has work in flight (before host staging is reused). */
 void context_sync_pending(dfl_context *ctx);
@@ -100,44 +112,30 @@ struct dfl_context {
     ctx_group *groups;     /* [n_ub] */
     int64_t *seq_len_tmp;  /* [n_seq] */
     /* outputs of the last decode */
+    bool argmax_only;      /* the next decodes return each output's argmax id instead of its logits */
+    bool last_argmax;      /* the last decode returned ids (logits untouched) */
+    int32_t *argmax_ids;   /* [n_out_max] host: argmax of each output row (argmax_only) */
     float *logits;         /* [n_vocab, n_out_max] host */
     int64_t *out_of;       /* [n_batch] batch index -> output row or -1 */
     int64_t n_outputs;
-    /* feature capture (target side) */
-    int32_t n_capture;
-    int32_t capture_layers[CONTEXT_MAX_CAPTURE];
-    backend_buffer *feat_buf; /* device path: [n_capture*n_embd, n_batch] f32; host path: [.., n_ub] staging */
-    tensor feat;              /* view of feat_buf */
-    bool feat_device;         /* feat is the n_batch feature buffer (else per-micro-batch staging) */
-    char feat_note[160];      /* why there is no feature buffer */
-    /* ordering of the feature buffer between this target and its drafter (SPEC section 4) */
-    backend_event *ev_written;   /* recorded by the target after each batch */
-    backend_event *ev_read;      /* recorded by the drafter after it consumed the rows */
-    bool read_recorded;
-    bool pending;                /* ops enqueued since the last synchronize */
-    bool wait_on_device;         /* drafter: wait for `written` on its queue instead of the host */
-#ifdef DFL_TEST_HOOKS
-    uint32_t test_faults;        /* CTX_FAULT_* bits: skip a wait on purpose (ordering tests) */
-#endif
-    float *feat_host;         /* [n_capture*n_embd, n_batch] host copy (host path) */
-    int64_t n_batch_last;     /* entries of the last decoded batch */
-    bool features_to_host;    /* copy the captured features to feat_host after each batch */
-    uint64_t feature_host_bytes; /* bytes of features copied through host memory so far */
-    /* drafter side */
-    dfl_context *target;      /* the target this drafter drafts for (NULL for a target) */
-    int32_t *h_erow;          /* [n_ub] */
-    float *h_feat;            /* [n_tl*n_embd, n_ub] host features (host path) */
-    int32_t *blk_tok;         /* [n_ub] the draft block's entries: token, position, sequence, output */
-    int32_t *blk_pos;
-    int32_t *blk_seq;
-    bool *blk_out;
-    float model_dflash_logit_scale;
+    int64_t n_batch_last;  /* entries of the last decoded batch */
+    bool pending;          /* ops enqueued since the last synchronize */
+    /* a target whose layer inputs a drafter reads: the feature handoff (NULL: no capture) */
+    feature_link *link;
+    /* a drafter context: its target and its own state (NULL for a target) */
+    drafter_state *dr;
 };
 
 /* forward.c: one micro-batch through the target model (rows already validated). */
 dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64_t n_out_before, dfl_error *err);
 
-/* drafter.c: the DFlash drafter (SPEC section 3). */
+/* speculative/drafter.c: the DFlash drafter (SPEC section 3). */
+/* The drafter's own state, created with a drafter context for its target (NULL + err on
+ * failure), and freed with it. */
+drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error *err);
+void drafter_state_free(drafter_state *ds);
+/* The target context a drafter context drafts for. */
+dfl_context *drafter_target(const dfl_context *d);
 /* Injects target features: each entry carries the raw features of one committed target token
  * (an embedding of n_tl*n_embd floats: host path; or an embd row of the target's feature buffer:
  * device path) at its position; fuses them (fc + rmsnorm) and writes every layer's K/V there. */

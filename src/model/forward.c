@@ -37,7 +37,7 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
         ctx->h_ids[r] = ub->token[e] >= 0 ? ub->token[e] : 0;
         ctx->h_pos[r] = ub->pos[e * ub->n_pos_sections];
         ctx->h_cells[r] = kv_cell(&ctx->kv, ub->seq_id[e], ub->pos[e * ub->n_pos_sections]);
-        ctx->h_bidx[r] = ctx->feat_device ? ub->i0 + e : e; /* feature row: batch index, or staging row */
+        ctx->h_bidx[r] = ctx->link != NULL && ctx->link->device ? ub->i0 + e : e; /* feature row: batch index, or staging row */
     }
     const int64_t n_out = fwd_output_rows(ctx, ub->output, n);
     fwd_upload_inputs(ctx, n, n_groups);
@@ -63,8 +63,16 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
         op_rmsnorm(q, x_out, x_out, &ctx->w.output_norm, hp->norm_eps);
         tensor logits = tensor_rows(&s->logits, 0, n_out);           /* [n_vocab, n_out] */
         op_matmul(q, logits, ctx->w.output, x_out);
-        op_read(q, ctx->logits + (size_t)n_out_before * (size_t)ctx->n_vocab, logits,
-                (size_t)n_out * (size_t)ctx->n_vocab * sizeof(float));
+        if (ctx->argmax_only) {
+            /* greedy verification: n_out ids instead of n_out x n_vocab floats (the token ids of
+             * s->ids were consumed by the embedding above, on this queue) */
+            tensor amax = fwd_vec_head(&s->ids, n_out);                  /* [n_out] i32 */
+            op_argmax(q, amax, logits);
+            op_read(q, ctx->argmax_ids + n_out_before, amax, (size_t)n_out * sizeof(int32_t));
+        } else {
+            op_read(q, ctx->logits + (size_t)n_out_before * (size_t)ctx->n_vocab, logits,
+                    (size_t)n_out * (size_t)ctx->n_vocab * sizeof(float));
+        }
     }
     /* 5. the sequences grew */
     for (int64_t g = 0; g < n_groups; g++) {

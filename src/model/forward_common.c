@@ -92,13 +92,14 @@ void fwd_embed_inputs(dfl_context *ctx, const batch_ubatch *ub, const tensor *to
 }
 
 void fwd_capture(dfl_context *ctx, int64_t id, tensor x, int64_t n) {
-    for (int32_t j = 0; j < ctx->n_capture; j++) {
-        if (ctx->capture_layers[j] != id) continue;
+    const feature_link *fl = ctx->link;
+    for (int32_t j = 0; fl != NULL && j < fl->n_capture; j++) {
+        if (fl->capture_layers[j] != id) continue;
         /* columns [j*n_embd, (j+1)*n_embd) of the feature rows: a strided view */
-        const int64_t ne[4] = {ctx->n_embd, ctx->feat.ne[1], 1, 1};
-        const size_t nb[4] = {sizeof(float), ctx->feat.nb[1], ctx->feat.nb[1] * (size_t)ctx->feat.ne[1],
-                              ctx->feat.nb[1] * (size_t)ctx->feat.ne[1]};
-        tensor cols = tensor_view(&ctx->feat, ne, nb, (size_t)j * (size_t)ctx->n_embd * sizeof(float));
+        const int64_t ne[4] = {ctx->n_embd, fl->feat.ne[1], 1, 1};
+        const size_t nb[4] = {sizeof(float), fl->feat.nb[1], fl->feat.nb[1] * (size_t)fl->feat.ne[1],
+                              fl->feat.nb[1] * (size_t)fl->feat.ne[1]};
+        tensor cols = tensor_view(&fl->feat, ne, nb, (size_t)j * (size_t)ctx->n_embd * sizeof(float));
         op_set_rows(ctx->queue, cols, x, fwd_vec_head(&ctx->s.bidx, n));
     }
 }

@@ -147,6 +147,13 @@ int64_t sampler_n_vocab(const dfl_sampler *s) {
     return s->n_vocab;
 }
 
+bool sampler_is_plain_greedy(const dfl_sampler *s) {
+    const dfl_sampler_params *p = &s->params;
+    const bool penalties = p->repeat_last_n > 0 &&
+                           (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
+    return p->temp <= 0.0f && !penalties;
+}
+
 const dfl_sampler_params *sampler_params(const dfl_sampler *s) {
     return &s->params;
 }

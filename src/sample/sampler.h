@@ -22,6 +22,9 @@ dfl_status sampler_probs_after(dfl_sampler *s, const float *logits, const int32_
  * whole generation). */
 sample_rng *sampler_rng(dfl_sampler *s);
 int64_t sampler_n_vocab(const dfl_sampler *s);
+/* True for a greedy sampler without penalties: its token is the argmax of the raw logits (lowest
+ * id on ties), so callers may ask the backend for argmax ids instead of logits. */
+bool sampler_is_plain_greedy(const dfl_sampler *s);
 const dfl_sampler_params *sampler_params(const dfl_sampler *s);
 
 #endif

@@ -18,7 +18,56 @@
 #include "base/error.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* What a drafter context has that a target context does not. */
+struct drafter_state {
+    dfl_context *target;   /* the target whose features it reads (borrowed) */
+    int32_t *h_erow;       /* [n_ub] rows of the target's feature buffer (work order) */
+    float *h_feat;         /* [n_tl*n_embd, n_ub] host features (host path) */
+    int32_t *blk_tok;      /* [n_ub] the draft block's entries: token, position, sequence, output */
+    int32_t *blk_pos;
+    int32_t *blk_seq;
+    bool *blk_out;
+    float logit_scale;     /* dflash logit scale of the head */
+};
+
+drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error *err) {
+    const int64_t n = d->n_ub;
+    drafter_state *ds = calloc(1, sizeof(*ds));
+    if (ds == NULL) {
+        error_set(err, DFL_ERR_NOMEM, "out of memory creating the drafter context");
+        return NULL;
+    }
+    ds->target = target;
+    ds->h_erow = calloc((size_t)n, sizeof(int32_t));
+    ds->h_feat = calloc((size_t)(d->model->hp.n_target_layers * d->n_embd * n), sizeof(float));
+    ds->blk_tok = calloc((size_t)n, sizeof(int32_t));
+    ds->blk_pos = calloc((size_t)n, sizeof(int32_t));
+    ds->blk_seq = calloc((size_t)n, sizeof(int32_t));
+    ds->blk_out = calloc((size_t)n, sizeof(bool));
+    ds->logit_scale = d->model->dflash.logit_scale;
+    if (!ds->h_erow || !ds->h_feat || !ds->blk_tok || !ds->blk_pos || !ds->blk_seq || !ds->blk_out) {
+        drafter_state_free(ds);
+        error_set(err, DFL_ERR_NOMEM, "out of memory creating the drafter context");
+        return NULL;
+    }
+    return ds;
+}
+
+void drafter_state_free(drafter_state *ds) {
+    if (ds == NULL) return;
+    free(ds->h_erow);
+    free(ds->h_feat);
+    free(ds->blk_tok);
+    free(ds->blk_pos);
+    free(ds->blk_seq);
+    free(ds->blk_out);
+    free(ds);
+}
+
+dfl_context *drafter_target(const dfl_context *d) { return d->dr != NULL ? d->dr->target : NULL; }
 
 /* Validation limits of an injection batch. */
 static void inject_limits(const dfl_context *d, const dfl_batch *b, batch_limits *lim) {
@@ -29,7 +78,8 @@ static void inject_limits(const dfl_context *d, const dfl_batch *b, batch_limits
     lim->n_seq = d->kv.n_seq;
     lim->n_ctx = d->kv.n_ctx - d->model->hp.block_size; /* keep room for the block */
     lim->n_batch = d->params.n_batch;
-    lim->n_rows_available = d->target != NULL ? d->target->n_batch_last : 0;
+    const dfl_context *t = drafter_target(d);
+    lim->n_rows_available = t != NULL && t->link != NULL ? t->link->n_rows : 0;
     lim->seq_len = d->kv.seq_len;
 }
 
@@ -48,30 +98,15 @@ dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err
     const int64_t width = hp->n_target_layers * d->n_embd;
     backend_queue *q = d->queue;
     ctx_scratch *s = &d->s;
-    dfl_context *t = d->target;
+    drafter_state *ds = d->dr;
+    feature_link *fl = ds->target->link;
     const bool rows = batch->embd_row[0] >= 0;
-    if (rows && !t->feat_device) {
-        return error_set(err, DFL_ERR_INVALID, "drafter batch: embd rows need the target's feature buffer (%s)", t->feat_note);
+    if (rows && !fl->device) {
+        return error_set(err, DFL_ERR_INVALID, "drafter batch: embd rows need the target's feature buffer (%s)", fl->note);
     }
     context_sync_pending(d); /* the host staging arrays are about to be rewritten */
-    /*
-     * The feature buffer protocol (SPEC section 4), drafter side:
-     *   1. wait for the target's `written` event before the reads are enqueued: on the host
-     *      (default: a device-side wait would stall this queue for the whole target batch) or on
-     *      this queue (wait_on_device);
-     *   2. gather the rows (get_rows), fuse, inject K/V: all on this queue;
-     *   3. record `read` on this queue: the target's next batch waits for it before it
-     *      overwrites the rows.
-     */
-    if (rows) {
-#ifdef DFL_TEST_HOOKS
-        if (!(t->test_faults & CTX_FAULT_SKIP_WRITTEN_WAIT))
-#endif
-        {
-            if (d->wait_on_device) backend_queue_wait_event(q, t->ev_written);
-            else backend_event_synchronize(t->ev_written);
-        }
-    }
+    /* the reader's side of the feature handoff (speculative/feature_link.h, steps 4-6) */
+    if (rows) feature_link_read_begin(fl, q);
     int64_t cursor = 0;
     batch_ubatch ub;
     while (batch_split(batch, d->n_ub, &cursor, &ub)) {
@@ -82,7 +117,7 @@ dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err
             const int64_t e = d->h_perm[r];
             d->h_pos[r] = ub.pos[e * ub.n_pos_sections];
             d->h_cells[r] = kv_cell(&d->kv, ub.seq_id[e], ub.pos[e * ub.n_pos_sections]);
-            d->h_erow[r] = ub.embd_row[e];
+            ds->h_erow[r] = ub.embd_row[e];
             d->h_ids[r] = 0;
             d->h_bidx[r] = ub.i0 + e;
             d->h_rows[r] = 0;
@@ -93,13 +128,13 @@ dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err
         tensor f_raw = tensor_rows(&s->feat_in, 0, n);
         if (ub.has_embd_rows) {
             /* device path: gather rows of the target's feature buffer in place */
-            op_write(q, fwd_vec_head(&s->erow, n), d->h_erow, (size_t)n * sizeof(int32_t));
-            op_get_rows(q, f_raw, d->target->feat, fwd_vec_head(&s->erow, n));
+            op_write(q, fwd_vec_head(&s->erow, n), ds->h_erow, (size_t)n * sizeof(int32_t));
+            op_get_rows(q, f_raw, fl->feat, fwd_vec_head(&s->erow, n));
         } else {
             for (int64_t r = 0; r < n; r++) {
-                memcpy(d->h_feat + r * width, ub.embd + d->h_perm[r] * ub.n_embd, (size_t)width * sizeof(float));
+                memcpy(ds->h_feat + r * width, ub.embd + d->h_perm[r] * ub.n_embd, (size_t)width * sizeof(float));
             }
-            op_write(q, f_raw, d->h_feat, (size_t)width * (size_t)n * sizeof(float));
+            op_write(q, f_raw, ds->h_feat, (size_t)width * (size_t)n * sizeof(float));
         }
         /* f = rmsnorm(fc f_raw) * enc_output_norm   [n_embd, n] */
         tensor f = tensor_rows(&s->h, 0, n);
@@ -109,10 +144,7 @@ dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err
         for (int64_t e = 0; e < n; e++) d->kv.seq_len[ub.seq_id[e]]++;
         if (cursor < batch->n_tokens) backend_queue_synchronize(q); /* staging arrays reused */
     }
-    if (rows) {
-        backend_event_record(t->ev_read, q);
-        t->read_recorded = true;
-    }
+    if (rows) feature_link_read_end(fl, q);
     d->pending = true;
     return DFL_OK;
 }
@@ -148,6 +180,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         }
     }
     context_sync_pending(d);
+    drafter_state *ds = d->dr;
     /* the block as a micro-batch of nb_i = len_i + 1 positions per sequence i (its own draft
      * length, so that its drafts do not depend on the other sequences of the pass), one after
      * the other */
@@ -156,30 +189,30 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         const int64_t start = d->kv.seq_len[seqs[i]];
         const int64_t nb = (lens != NULL ? lens[i] : n_draft) + 1;
         for (int64_t k = 0; k < nb; k++, n++) {
-            d->blk_tok[n] = k == 0 ? last[i] : (int32_t)hp->mask_token_id;
-            d->blk_pos[n] = (int32_t)(start + k);
-            d->blk_seq[n] = seqs[i];
-            d->blk_out[n] = k >= 1;
+            ds->blk_tok[n] = k == 0 ? last[i] : (int32_t)hp->mask_token_id;
+            ds->blk_pos[n] = (int32_t)(start + k);
+            ds->blk_seq[n] = seqs[i];
+            ds->blk_out[n] = k >= 1;
         }
     }
     batch_ubatch ub;
     memset(&ub, 0, sizeof(ub));
     ub.n_tokens = n;
     ub.n_pos_sections = 1;
-    ub.token = d->blk_tok;
-    ub.pos = d->blk_pos;
-    ub.seq_id = d->blk_seq;
-    ub.output = d->blk_out;
+    ub.token = ds->blk_tok;
+    ub.pos = ds->blk_pos;
+    ub.seq_id = ds->blk_seq;
+    ub.output = ds->blk_out;
     const int64_t n_groups = fwd_plan_groups(d, &ub, !hp->causal);
     int64_t n_out = 0;
     for (int64_t r = 0; r < n; r++) {
         const int64_t e = d->h_perm[r];
-        d->h_ids[r] = d->blk_tok[e];
-        d->h_pos[r] = d->blk_pos[e];
-        d->h_cells[r] = kv_cell(&d->kv, d->blk_seq[e], d->blk_pos[e]);
+        d->h_ids[r] = ds->blk_tok[e];
+        d->h_pos[r] = ds->blk_pos[e];
+        d->h_cells[r] = kv_cell(&d->kv, ds->blk_seq[e], ds->blk_pos[e]);
         d->h_bidx[r] = e;
     }
-    n_out = fwd_output_rows(d, d->blk_out, n);
+    n_out = fwd_output_rows(d, ds->blk_out, n);
     fwd_upload_inputs(d, n, n_groups);
     backend_queue *q = d->queue;
     ctx_scratch *s = &d->s;
@@ -196,7 +229,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     op_rmsnorm(q, x_out, x_out, &d->w.output_norm, hp->norm_eps);
     tensor logits = tensor_rows(&s->logits, 0, n_out);                /* [n_vocab, n_out] */
     op_matmul(q, logits, d->w.output, x_out);
-    if (d->model_dflash_logit_scale != 1.0f) op_scale(q, logits, logits, d->model_dflash_logit_scale);
+    if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
     tensor amax = fwd_vec_head(&s->ids, n_out);                           /* [n_out] i32 */
     op_argmax(q, amax, logits);
     op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));

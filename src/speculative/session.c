@@ -86,7 +86,7 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
         error_set(err, DFL_ERR_INVALID, "dfl_spec_new: NULL context");
         return NULL;
     }
-    if (dft->target != tgt) {
+    if (drafter_target(dft) != tgt) {
         error_set(err, DFL_ERR_INVALID, "dfl_spec_new: the drafter context was not created for this target context");
         return NULL;
     }
@@ -157,7 +157,7 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
         s->path = DFL_FEATURES_HOST;
         snprintf(s->note, sizeof(s->note), "fallback to host copies: the drafter's backend cannot read the target's buffer");
     }
-    dft->wait_on_device = p.wait == DFL_WAIT_DEVICE;
+    tgt->link->wait_on_device = p.wait == DFL_WAIT_DEVICE;
     s->inject = dfl_batch_init(n_inject, s->path == DFL_FEATURES_HOST ? s->width : 0, 1, err);
     s->probs = malloc((size_t)(p.n_draft + 1) * (size_t)s->n_vocab * sizeof(float));
     s->smp = calloc((size_t)n_seq, sizeof(dfl_sampler *));
@@ -177,8 +177,8 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
         s->want[i] = draft_start(s, i);
     }
     /* the device path reads the target's feature buffer in place: no host copy of features */
-    tgt->features_to_host = s->path == DFL_FEATURES_HOST && tgt->feat_device;
-    s->host_bytes_base = tgt->feature_host_bytes;
+    tgt->link->to_host = s->path == DFL_FEATURES_HOST && tgt->link->device;
+    s->host_bytes_base = tgt->link->host_bytes;
     return s;
 }
 
@@ -313,7 +313,7 @@ dfl_status spec_prefill_from(dfl_spec *s, int32_t seq, const int32_t *prompt, in
     s->last[seq] = tok;
     *first = tok;
     s->stats.t_prefill_ms += now_ms() - t0;
-    s->stats.feature_host_bytes = s->tgt->feature_host_bytes - s->host_bytes_base;
+    s->stats.feature_host_bytes = s->tgt->link->host_bytes - s->host_bytes_base;
     s->stats.n_prefill_tokens += n_prompt - n_cached;
     return DFL_OK;
 }
@@ -357,15 +357,6 @@ static int32_t draft_keep(const float *rows, const int32_t *d, int32_t k, int64_
 dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
                          dfl_error *err) {
     return spec_step_ex(s, n, seqs, tokens, n_tokens, NULL, err);
-}
-
-/* True when seq's sampler is greedy without penalties: verification is then the argmax rule on
- * the raw logits. */
-static bool plain_greedy(const dfl_sampler *smp) {
-    const dfl_sampler_params *p = sampler_params(smp);
-    const bool penalties = p->repeat_last_n > 0 &&
-                           (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
-    return p->temp <= 0.0f && !penalties;
 }
 
 dfl_status spec_step_ex(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
@@ -428,7 +419,13 @@ dfl_status spec_step_ex(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *to
             dfl_batch_add_token(s->verify, tok, &pos, seqs[i], true);
         }
     }
+    /* greedy sequences without penalties need only the argmax of each verify row: the verify
+     * batch then returns n ids instead of n x n_vocab logits, unless a sequence samples */
+    bool ids_only = true;
+    for (int32_t i = 0; i < n; i++) ids_only = ids_only && sampler_is_plain_greedy(s->smp[seqs[i]]);
+    context_set_argmax_only(s->tgt, ids_only);
     st = dfl_decode(s->tgt, s->verify, err);
+    context_set_argmax_only(s->tgt, false);
     if (st != DFL_OK) return st;
     double t2 = now_ms();
     s->stats.t_verify_ms += t2 - t1;
@@ -442,7 +439,10 @@ dfl_status spec_step_ex(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *to
         dfl_sampler *smp = s->smp[seq];
         int64_t a = 0;
         int32_t next = -1;
-        if (plain_greedy(smp)) {
+        if (ids_only) {
+            while (a < m && d[a] == context_get_argmax(s->tgt, s->vidx[i] + a)) a++;
+            next = context_get_argmax(s->tgt, s->vidx[i] + a);
+        } else if (sampler_is_plain_greedy(smp)) {
             while (a < m && d[a] == argmax_row(dfl_get_logits(s->tgt, s->vidx[i] + a), s->n_vocab)) a++;
             next = argmax_row(dfl_get_logits(s->tgt, s->vidx[i] + a), s->n_vocab);
         } else {
@@ -490,6 +490,6 @@ dfl_status spec_step_ex(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *to
         st = inject_rows(s, seqs[i], s->vidx[i], n_tokens[i], err);
         if (st != DFL_OK) return st;
     }
-    s->stats.feature_host_bytes = s->tgt->feature_host_bytes - s->host_bytes_base;
+    s->stats.feature_host_bytes = s->tgt->link->host_bytes - s->host_bytes_base;
     return DFL_OK;
 }

@@ -6,6 +6,7 @@
 // "cancel" (20 streams aborted at random points), "load" (64 clients x 8 requests).
 // Prints "ok NAME" per check, "FAIL NAME: why" and exits 1 on the first failure.
 import { spawn, execFileSync } from 'node:child_process';
+import net from 'node:net';
 import OpenAI from 'openai';
 
 const [cli, part] = process.argv.slice(2);
@@ -90,6 +91,19 @@ async function streamText(c, params, onChunk) {
   return { text, finish, usage, timings, roles };
 }
 
+// Raw bytes to the server; resolves with everything it sent until it closed (or after ms).
+function raw(s, bytes, ms = 8000) {
+  return new Promise((resolve) => {
+    const sock = net.connect(s.port, '127.0.0.1');
+    let got = '';
+    const t = setTimeout(() => { sock.destroy(); resolve(got + '<timeout>'); }, ms);
+    sock.on('data', (d) => { got += d.toString(); });
+    sock.on('close', () => { clearTimeout(t); resolve(got); });
+    sock.on('error', () => {});
+    sock.write(bytes);
+  });
+}
+
 async function expectError(name, fn, cls, status) {
   try {
     await fn();
@@ -108,8 +122,17 @@ const chatParams = (content, extra = {}) => ({
 });
 
 async function partApi() {
-  const s = await startServer(['-np', '4']);
+  const s = await startServer(['-np', '4', '--cors-origin', 'https://example.com']);
   const c = client(s);
+  // raw HTTP: pipelining, a malformed request, CORS
+  const two = await raw(s, 'GET /health HTTP/1.1\r\nHost: a\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n');
+  check('pipelined', (two.match(/HTTP\/1\.1 200 OK/g) || []).length === 2 && two.includes('dflash-embedded'), two);
+  const badreq = await raw(s, 'GET / HTTP/1.1\nHost: a\n\n');
+  check('malformed -> 400 and close', badreq.startsWith('HTTP/1.1 400') && !badreq.endsWith('<timeout>'), badreq);
+  const pre = await fetch(`${s.base}/v1/chat/completions`, { method: 'OPTIONS' });
+  check('cors preflight', pre.status === 204 && pre.headers.get('access-control-allow-origin') === 'https://example.com' &&
+    /Authorization/.test(pre.headers.get('access-control-allow-headers') ?? ''), `${pre.status}`);
+  ok('raw HTTP: pipelining, 400 on a malformed request, CORS');
   // models
   const list = await c.models.list();
   check('models.list', list.data.length === 1 && list.data[0].id === 'dflash-embedded', JSON.stringify(list.data));
@@ -182,7 +205,11 @@ async function partApi() {
   await stopServer(s);
 
   // a small server for the limits: API key, context, body size, queue
-  const b = await startServer(['-np', '1', '-c', '256', '--max-queue', '0', '--api-key', 'sekret', '--max-body', '65536']);
+  const b = await startServer(['-np', '1', '-c', '256', '--max-queue', '0', '--api-key', 'sekret', '--max-body', '65536',
+    '--timeout', '2']);
+  const slow = await raw(b, 'GET /health HTTP/1.1\r\nHo', 10000);
+  check('--timeout -> 408', slow.startsWith('HTTP/1.1 408'), slow);
+  ok('a request not completed within --timeout gets 408');
   const bad = client(b, { apiKey: 'wrong' });
   await expectError('wrong api key -> AuthenticationError', () => bad.models.list(), OpenAI.AuthenticationError, 401);
   const hr = await fetch(`${b.base}/health`);

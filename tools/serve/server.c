@@ -1173,9 +1173,6 @@ static void srv_free(srv *s) {
     if (s->ep >= 0) close(s->ep);
 }
 
-enum { TAG_LISTEN = 1, TAG_SIGNAL = 2, TAG_LOADED = 3 };
-static char g_tags[4]; /* distinct addresses that mark the non-connection fds (read-only) */
-
 static bool add_fd(srv *s, int fd, void *tag) {
     struct epoll_event ev = {0};
     ev.events = EPOLLIN;
@@ -1213,8 +1210,8 @@ int srv_run(const srv_opts *o) {
     }
     s->lfd = open_listener(s);
     if (s->lfd < 0) goto done;
-    if (!add_fd(s, s->lfd, &g_tags[TAG_LISTEN]) || !add_fd(s, s->sfd, &g_tags[TAG_SIGNAL]) ||
-        !add_fd(s, s->efd, &g_tags[TAG_LOADED])) {
+    /* the non-connection fds are told apart by the address of their field in s */
+    if (!add_fd(s, s->lfd, &s->lfd) || !add_fd(s, s->sfd, &s->sfd) || !add_fd(s, s->efd, &s->efd)) {
         srv_log("epoll: %s", strerror(errno));
         goto done;
     }
@@ -1236,9 +1233,9 @@ int srv_run(const srv_opts *o) {
         }
         for (int i = 0; i < n; i++) {
             void *tag = evs[i].data.ptr;
-            if (tag == &g_tags[TAG_LISTEN]) {
+            if (tag == &s->lfd) {
                 accept_all(s);
-            } else if (tag == &g_tags[TAG_SIGNAL]) {
+            } else if (tag == &s->sfd) {
                 struct signalfd_siginfo si;
                 while (read(s->sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
                     if (!s->stopping) {
@@ -1255,7 +1252,7 @@ int srv_run(const srv_opts *o) {
                         goto done;
                     }
                 }
-            } else if (tag == &g_tags[TAG_LOADED]) {
+            } else if (tag == &s->efd) {
                 uint64_t v;
                 ssize_t r = read(s->efd, &v, sizeof(v));
                 (void)r;

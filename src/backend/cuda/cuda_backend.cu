@@ -79,6 +79,7 @@ static void cuda_buffer_set(backend_buffer *buf, size_t offset, const void *src,
     if (size == 0) return;
     CUDA_CHECK(cudaMemcpyAsync((char *)buf->base + offset, src, size, cudaMemcpyHostToDevice, be->xfer));
     CUDA_CHECK(cudaStreamSynchronize(be->xfer));
+    cuda_host_gen_bump(be); /* the host changed device memory: no quantized activation survives */
 }
 
 static void cuda_buffer_get(const backend_buffer *buf, size_t offset, void *dst, size_t size) {
@@ -114,6 +115,7 @@ static void cuda_queue_synchronize(backend_queue *bq) {
     q->xq_valid = false; /* the host may change x (backend_buffer_set) after this */
     cuda_set_device(be);
     CUDA_CHECK(cudaStreamSynchronize(q->stream));
+    cuda_host_gen_bump(be);
     check_device_errors(be);
 }
 
@@ -162,7 +164,7 @@ static backend_queue *cuda_queue_new(backend *bbe, dfl_error *err) {
     return &q->base;
 }
 
-static void cuda_op_write(cuda_queue *q, const backend_op *op) {
+static void cuda_op_write(cuda_backend *be, cuda_queue *q, const backend_op *op) {
     const size_t size = op->size;
     if (size == 0) return;
     if (size > q->stage_cap / 2) {
@@ -172,6 +174,7 @@ static void cuda_op_write(cuda_queue *q, const backend_op *op) {
     }
     if (q->stage_head + size > q->stage_cap) {
         CUDA_CHECK(cudaStreamSynchronize(q->stream)); /* every earlier staged copy is done */
+        cuda_host_gen_bump(be);
         q->stage_head = 0;
     }
     char *slot = q->stage + q->stage_head;
@@ -188,7 +191,7 @@ static void cuda_queue_submit(backend_queue *bq, const backend_op *op) {
     switch (op->kind) {
     case BACKEND_OP_MATMUL: cuda_op_matmul(be, q, op); break;
     case BACKEND_OP_ATTENTION: cuda_op_attention(be, q, op); break;
-    case BACKEND_OP_WRITE: cuda_op_write(q, op); break;
+    case BACKEND_OP_WRITE: cuda_op_write(be, q, op); break;
     case BACKEND_OP_READ:
         if (op->size > 0) {
             CUDA_CHECK(cudaMemcpyAsync(op->host, op->src[0].data, op->size, cudaMemcpyDeviceToHost, q->stream));
@@ -247,6 +250,9 @@ static void cuda_event_synchronize(backend_event *bev) {
     cuda_backend *be = (cuda_backend *)bev->be;
     cuda_set_device(be);
     CUDA_CHECK(cudaEventSynchronize(ev->ev));
+    /* the host may now change what another queue's ops wrote or read (an x a queue quantized
+     * before the wait): every queue's quantized activations become stale */
+    cuda_host_gen_bump(be);
     check_device_errors(be);
 }
 
@@ -329,12 +335,24 @@ extern "C" backend_cuda_params backend_cuda_default_params(void) {
     return p;
 }
 
+/* "driver supports CUDA 13.0, runtime 13.0" ("no driver" when none is installed) */
+static void cuda_versions(char *buf, size_t cap) {
+    int drv = 0, rt = 0;
+    if (cudaDriverGetVersion(&drv) != cudaSuccess) drv = 0;
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess) rt = 0;
+    cudaGetLastError();
+    if (drv == 0) snprintf(buf, cap, "no CUDA driver, runtime %d.%d", rt / 1000, rt % 1000 / 10);
+    else snprintf(buf, cap, "driver supports CUDA %d.%d, runtime %d.%d", drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+}
+
 extern "C" int backend_cuda_device_count(dfl_error *err) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        error_set(err, DFL_ERR_UNSUPPORTED, "no usable CUDA device: %s", cudaGetErrorString(e));
+        char ver[96];
+        cuda_versions(ver, sizeof(ver));
+        error_set(err, DFL_ERR_UNSUPPORTED, "no usable CUDA device: %s (%s)", cudaGetErrorString(e), ver);
         return 0;
     }
     if (n == 0) error_set(err, DFL_ERR_UNSUPPORTED, "no CUDA device found");
@@ -344,6 +362,12 @@ extern "C" int backend_cuda_device_count(dfl_error *err) {
 extern "C" const char *backend_cuda_device_name(const backend *bbe) {
     return ((const cuda_backend *)bbe)->desc;
 }
+
+#ifdef DFL_TEST_HOOKS
+extern "C" void backend_cuda_set_test_chunk_rows(backend *bbe, int64_t rows) {
+    ((cuda_backend *)bbe)->test_chunk_rows = rows > 0 ? rows : 0;
+}
+#endif
 
 extern "C" backend *backend_cuda_new(const backend_cuda_params *params, dfl_error *err) {
     backend_cuda_params p = params ? *params : backend_cuda_default_params();
@@ -377,8 +401,10 @@ extern "C" backend *backend_cuda_new(const backend_cuda_params *params, dfl_erro
     be->cc_minor = prop.minor;
     be->smem_optin = prop.sharedMemPerBlockOptin;
     be->mem_total = prop.totalGlobalMem;
-    snprintf(be->desc, sizeof(be->desc), "%.256s, cc %d.%d, %d SMs, %.1f GiB", prop.name, prop.major, prop.minor,
-             prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    char ver[96];
+    cuda_versions(ver, sizeof(ver));
+    snprintf(be->desc, sizeof(be->desc), "%.256s, cc %d.%d, %d SMs, %.1f GiB, %s", prop.name, prop.major, prop.minor,
+             prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), ver);
     e = cudaSetDevice(p.device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&be->xfer, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaHostAlloc((void **)&be->err_host, sizeof(unsigned int), cudaHostAllocMapped);

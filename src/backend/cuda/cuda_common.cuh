@@ -91,6 +91,13 @@ typedef struct cuda_backend {
     unsigned int *err_dev;      /* its device address */
     cudaStream_t xfer;          /* blocking buffer_set / buffer_get */
     cuda_blas_api blas;
+    /* bumped on every host-side wait (queue or event synchronize, a ring wrap) and host write
+     * into a buffer (buffer_set): after one the host may have changed any activation, so no
+     * queue reuses quantized activations from before it (atomic: any thread may wait) */
+    uint64_t host_gen;
+#ifdef DFL_TEST_HOOKS
+    int64_t test_chunk_rows;    /* > 0: rows per dequantized chunk in the quantized cuBLAS path */
+#endif
 } cuda_backend;
 
 typedef struct cuda_queue {
@@ -102,11 +109,13 @@ typedef struct cuda_queue {
     void *scratch;              /* per-op device scratch (quantized activations, partials) */
     size_t scratch_size;
     /* the Q8_0 activations in the scratch stay valid for the next op when it is a matmul over
-     * the same x (k and v, gate and up share their input): any other op, a device-side wait or
-     * a synchronization invalidates them */
+     * the same x (k and v, gate and up share their input): any other op, a device-side wait, a
+     * synchronization of this queue, or a host-side wait anywhere on the backend (xq_gen !=
+     * the backend's host_gen) invalidates them */
     bool xq_valid;
     const void *xq_x;
     int64_t xq_nb1, xq_n_in, xq_rows;
+    uint64_t xq_gen;
 } cuda_queue;
 
 typedef struct cuda_event {
@@ -117,6 +126,9 @@ typedef struct cuda_event {
 
 /* Makes be's device current on the calling thread (the runtime's current device is per thread). */
 void cuda_set_device(const cuda_backend *be);
+/* The host waited (or wrote device memory): a new generation of host-visible state. */
+static inline void cuda_host_gen_bump(cuda_backend *be) { __atomic_add_fetch(&be->host_gen, 1, __ATOMIC_ACQ_REL); }
+static inline uint64_t cuda_host_gen(const cuda_backend *be) { return __atomic_load_n(&be->host_gen, __ATOMIC_ACQUIRE); }
 /* Device scratch of at least bytes for the op being enqueued on q; grows once to the largest op
  * (the old block is freed with cudaFree, which waits for the device, so no queued op still
  * uses it). Contents are undefined between ops. */

@@ -295,7 +295,7 @@ static bool wmma_ok(const tensor *w) {
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-static void matmul_small(cuda_queue *q, const backend_op *op) {
+static void matmul_small(cuda_backend *be, cuda_queue *q, const backend_op *op) {
     const tensor *w = &op->src[0], *x = &op->src[1], *d = &op->dst;
     const int64_t n_in = w->ne[0], n_out = w->ne[1];
     const int n_rows = (int)x->ne[1];
@@ -323,8 +323,9 @@ static void matmul_small(cuda_queue *q, const backend_op *op) {
     if (q8) {
         const int64_t nb = n_in / 32;
         const size_t q_bytes = align256((size_t)n_rows * (size_t)n_in);
-        const bool reuse = q->xq_valid && q->xq_x == x->data && q->xq_nb1 == x_nb1 && q->xq_n_in == n_in &&
-                           q->xq_rows == n_rows;
+        const uint64_t gen = cuda_host_gen(be);
+        const bool reuse = q->xq_valid && q->xq_gen == gen && q->xq_x == x->data && q->xq_nb1 == x_nb1 &&
+                           q->xq_n_in == n_in && q->xq_rows == n_rows;
         char *scr = (char *)cuda_queue_scratch(q, q_bytes + (size_t)n_rows * (size_t)nb * sizeof(float));
         int8_t *xq = (int8_t *)scr;
         float *xd = (float *)(scr + q_bytes);
@@ -333,6 +334,7 @@ static void matmul_small(cuda_queue *q, const backend_op *op) {
                                                                                              xq, xd, n_in);
             CUDA_LAUNCH_CHECK("k_quantize_q8");
             q->xq_valid = true;
+            q->xq_gen = gen;
             q->xq_x = x->data;
             q->xq_nb1 = x_nb1;
             q->xq_n_in = n_in;
@@ -396,6 +398,9 @@ static void matmul_large(cuda_backend *be, cuda_queue *q, const backend_op *op) 
         /* quantized: dequantize chunks of rows to f32 (<= 64 MiB), TF32 GEMM per chunk */
         int64_t chunk = ((int64_t)64 << 20) / (n_in * 4);
         if (chunk < 16) chunk = 16;
+#ifdef DFL_TEST_HOOKS
+        if (be->test_chunk_rows > 0) chunk = be->test_chunk_rows; /* several chunks on a test's sizes */
+#endif
         if (chunk > n_out) chunk = n_out;
         float *wf = (float *)cuda_queue_scratch(q, (size_t)chunk * (size_t)n_in * sizeof(float));
         for (int64_t o0 = 0; o0 < n_out; o0 += chunk) {
@@ -415,7 +420,7 @@ static void matmul_large(cuda_backend *be, cuda_queue *q, const backend_op *op) 
 void cuda_op_matmul(cuda_backend *be, cuda_queue *q, const backend_op *op) {
     if (op->src[0].ne[1] > 0x7fffffffLL * 4) cuda_fatal(__FILE__, __LINE__, "cuda_op_matmul", "too many output rows");
     if (op->src[1].ne[1] <= MM_SMALL_ROWS) {
-        matmul_small(q, op);
+        matmul_small(be, q, op);
     } else {
         q->xq_valid = false; /* the cuBLAS paths use the scratch */
         matmul_large(be, q, op);

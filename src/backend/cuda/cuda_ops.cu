@@ -1,4 +1,4 @@
-/* cuda_ops.cu: the CUDA backend's light ops: rmsnorm (also per head), NEOX rope, set_rows,
+/* cuda_ops.cu: the CUDA backend's light ops: rmsnorm (also per head), rope (NEOX and NORM pairs), set_rows,
  * get_rows, add / mul (with broadcast), swiglu, scale, copy (f32 / f16 / bf16), row softmax and
  * row argmax. One thread block per row (rows over dims 1..3, any byte strides); every result is
  * computed by a fixed sequence of operations, so it does not depend on how many rows an op has.
@@ -38,10 +38,11 @@ __global__ void k_rmsnorm(cuda_tensor dst, cuda_tensor x, const float *w, float 
 
 /* ---- rope --------------------------------------------------------------------------------- */
 
-/* x, dst [hd, nh, nt]; block per (head, token) row; pos[it] at pos + it * pos_stride bytes. Each
- * thread reads and writes only its own pairs (i, i + n_rot/2) and tail elements: dst may be x. */
-__global__ void k_rope_neox(cuda_tensor dst, cuda_tensor x, const char *pos, int64_t pos_stride, float theta_scale,
-                            int n_rot) {
+/* x, dst [hd, nh, nt]; block per (head, token) row; pos[it] at pos + it * pos_stride bytes. Pair i
+ * (i < n_rot/2, angle theta_i) is (i, i + n_rot/2) in NEOX mode, (2i, 2i + 1) in NORM mode (arch
+ * llama). Each thread reads and writes only its own pairs and tail elements: dst may be x. */
+__global__ void k_rope(cuda_tensor dst, cuda_tensor x, const char *pos, int64_t pos_stride, float theta_scale,
+                       int n_rot, int norm) {
     const int64_t ir = blockIdx.x;
     const int64_t ih = ir % x.ne[1], it = ir / x.ne[1];
     const float *xr = (const float *)(x.data + ih * x.nb[1] + it * x.nb[2]);
@@ -54,9 +55,10 @@ __global__ void k_rope_neox(cuda_tensor dst, cuda_tensor x, const char *pos, int
         double sd, cd;
         sincos((double)theta, &sd, &cd);
         const float c = (float)cd, s = (float)sd;
-        const float x0 = xr[i], x1 = xr[i + half];
-        dr[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        dr[i + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        const int i0 = norm ? 2 * i : i, i1 = norm ? 2 * i + 1 : i + half;
+        const float x0 = xr[i0], x1 = xr[i1];
+        dr[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        dr[i1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
     }
     for (int64_t i = n_rot + threadIdx.x; i < x.ne[0]; i += blockDim.x) dr[i] = xr[i];
 }
@@ -242,9 +244,10 @@ void cuda_op_light(cuda_backend *be, cuda_queue *q, const backend_op *op) {
         const float theta_scale = powf(op->f[0], -2.0f / (float)n_rot); /* the host's powf, as the CPU */
         const int threads = threads_for(n_rot / 2);
         const int64_t rows = s0->ne[1] * s0->ne[2];
-        k_rope_neox<<<(unsigned)rows, threads, 0, st>>>(cuda_view(d), cuda_view(s0), (const char *)s1->data,
-                                                        (int64_t)s1->nb[0], theta_scale, n_rot);
-        CUDA_LAUNCH_CHECK("k_rope_neox");
+        const int norm = op->i[1] == 1; /* NORM pairing (arch llama), see op_rope_norm */
+        k_rope<<<(unsigned)rows, threads, 0, st>>>(cuda_view(d), cuda_view(s0), (const char *)s1->data,
+                                                   (int64_t)s1->nb[0], theta_scale, n_rot, norm);
+        CUDA_LAUNCH_CHECK("k_rope");
         break;
     }
     case BACKEND_OP_SET_ROWS: {

@@ -8,10 +8,12 @@ PREFIX  ?= /usr/local
 BUILD   ?= build
 OPT     ?= -O2
 CFLAGS_BASE = -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wvla \
-              -D_GNU_SOURCE -fPIC -Iinclude -Isrc -pthread
+              -D_GNU_SOURCE -fPIC -fvisibility=hidden -Iinclude -Isrc -pthread
 CFLAGS  ?= $(OPT) -g
 ALL_CFLAGS = $(CFLAGS_BASE) $(CFLAGS) $(EXTRA_CFLAGS) -MMD -MP -DDFLASH_MODEL_DIR=\"$(abspath models)\"
-LDLIBS  = -lm -lpthread -lpcre2-8
+LDLIBS  = -lm -lpthread
+# PCRE2 only for the tests (the tokenizer tests compare with PCRE2's regex); not in libdflash
+TEST_LDLIBS = -lpcre2-8
 VERSION = 0.1.0
 
 # optional toolchains, detected once
@@ -53,7 +55,7 @@ CUDA_TOBJ := $(CUDA_SRC:%.cu=$(BUILD)/test-obj/%.o)
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCC_WERROR := $(shell $(NVCC) --help 2>/dev/null | grep -q -e '--Werror' && echo '--Werror all-warnings')
 NVCCFLAGS ?= -O3 -g
-ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(CUDA_ARCH) $(NVCC_WERROR) -Xcompiler -Wall,-Wextra,-Werror,-fPIC \
+ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(CUDA_ARCH) $(NVCC_WERROR) -Xcompiler -Wall,-Wextra,-Werror,-fPIC,-fvisibility=hidden \
                 -Iinclude -Isrc -DDFL_HAVE_CUDA -DDFL_CUDA_LIBDIR=\"$(CUDA_HOME)/lib64\" -MMD -MP
 ALL_CFLAGS += -DDFL_HAVE_CUDA
 LIB_OBJ   += $(CUDA_OBJ)
@@ -138,11 +140,11 @@ $(BUILD)/tests/runner.o: tests/runner.c $(BUILD)/tests/test_list.h
 	$(CC) $(ALL_CFLAGS) -DDFL_TEST_HOOKS -I$(BUILD)/tests -c $< -o $@
 
 $(BUILD)/dflash-tests: $(TEST_OBJ) $(BUILD)/libdflash-test.a
-	$(CC) $(ALL_CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libdflash-test.a $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
+	$(CC) $(ALL_CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libdflash-test.a $(LDFLAGS) $(LDLIBS) $(TEST_LDLIBS) $(SERVE_LIBS)
 
 # Runs every test (C unit tests, CLI tests, numpy reference and llama.cpp peer tests; the last
 # two skip with a message where python3-numpy or node are missing).
-test: toolchains $(BUILD)/dflash $(BUILD)/dflash-tests
+test: toolchains $(BUILD)/dflash $(BUILD)/dflash-tests $(if $(filter build,$(BUILD)),$(BUILD)/libdflash.so)
 	DFLASH_CLI=$(BUILD)/dflash ./$(BUILD)/dflash-tests $(T)
 
 # Dependencies (Debian packages and the pinned npm peers); idempotent.

@@ -2,7 +2,10 @@
  * with DFlash block drafters.
  *
  * Conventions: every function that can fail because of its input returns a dfl_status (0 = ok)
- * or NULL, and fills a caller-owned dfl_error with a message that says what and where.
+ * or NULL, and fills a caller-owned dfl_error with a message that says what and where; each such
+ * call resets the dfl_error on entry (err may be NULL). A function that writes into a caller's
+ * buffer and finds it too small returns the negated capacity it needs (so the call can be
+ * repeated with exactly that) and never writes beyond the buffer.
  * Sizes and offsets are size_t / int64_t. No function keeps global state. */
 #ifndef DFLASH_H
 #define DFLASH_H
@@ -16,6 +19,14 @@ extern "C" {
 #endif
 
 #define DFL_VERSION "0.1.0"
+
+/* What the shared library exports: the functions of this header, nothing else (the library is
+ * built with -fvisibility=hidden). */
+#if defined(__GNUC__) || defined(__clang__)
+#define DFL_API __attribute__((visibility("default")))
+#else
+#define DFL_API
+#endif
 
 /* Return codes. Every public function that can fail returns one of these. */
 typedef enum dfl_status {
@@ -38,7 +49,7 @@ typedef struct dfl_error {
 } dfl_error;
 
 /* Name of a status code, e.g. "format error". */
-const char *dfl_status_str(dfl_status code);
+DFL_API const char *dfl_status_str(dfl_status code);
 
 /* ---- models ----------------------------------------------------------------------------- */
 
@@ -54,12 +65,12 @@ typedef struct dfl_model_params {
     bool verbose; /* log what is loaded to stderr */
 } dfl_model_params;
 
-dfl_model_params dfl_model_default_params(void);
+DFL_API dfl_model_params dfl_model_default_params(void);
 
 /* Loads a GGUF model (arch qwen3, llama or dflash). Weights stay in the file mapping.
  * Returns NULL and fills err on failure. */
-dfl_model *dfl_model_load(const char *path, const dfl_model_params *params, dfl_error *err);
-void dfl_model_free(dfl_model *model);
+DFL_API dfl_model *dfl_model_load(const char *path, const dfl_model_params *params, dfl_error *err);
+DFL_API void dfl_model_free(dfl_model *model);
 
 /* ---- contexts --------------------------------------------------------------------------- */
 
@@ -106,44 +117,37 @@ typedef struct dfl_context_params {
     dfl_device device;
 } dfl_context_params;
 
-dfl_context_params dfl_context_default_params(void);
+DFL_API dfl_context_params dfl_context_default_params(void);
 /* NULL + err on an invalid parameter or when memory cannot be allocated. */
-dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params, dfl_error *err);
-void dfl_context_free(dfl_context *ctx);
+DFL_API dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params, dfl_error *err);
+DFL_API void dfl_context_free(dfl_context *ctx);
 
 /* Evaluates a batch: appends its tokens to their sequences' KV cache and computes logits for the
  * entries with output set. The batch is validated first (DFL_ERR_INVALID / DFL_ERR_CTX_FULL with
  * a message naming the entry); on any error nothing of the batch is applied. */
-dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err);
+DFL_API dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err);
 /* Logits [n_vocab] of entry i of the last decoded batch; NULL if i had no output. */
-const float *dfl_get_logits(const dfl_context *ctx, int64_t i);
+DFL_API const float *dfl_get_logits(const dfl_context *ctx, int64_t i);
 /* Captured layer inputs of entry i of the last batch: [n_capture * n_embd] floats, in the
  * capture_layers order; NULL without capture or when they stay in the device feature buffer. */
-const float *dfl_get_features(const dfl_context *ctx, int64_t i);
+DFL_API const float *dfl_get_features(const dfl_context *ctx, int64_t i);
 /* True when the context captures into a device feature buffer (else: host path), and why not. */
-bool dfl_context_has_feature_buffer(const dfl_context *ctx);
-const char *dfl_context_feature_buffer_note(const dfl_context *ctx);
-int64_t dfl_n_vocab(const dfl_context *ctx);
-int64_t dfl_n_ctx(const dfl_context *ctx);
-int32_t dfl_n_seq(const dfl_context *ctx);
+DFL_API bool dfl_context_has_feature_buffer(const dfl_context *ctx);
+DFL_API const char *dfl_context_feature_buffer_note(const dfl_context *ctx);
+DFL_API int64_t dfl_n_vocab(const dfl_context *ctx);
+DFL_API int64_t dfl_n_ctx(const dfl_context *ctx);
+DFL_API int32_t dfl_n_seq(const dfl_context *ctx);
 /* Positions stored for seq (its next position). */
-int64_t dfl_seq_len(const dfl_context *ctx, int32_t seq);
+DFL_API int64_t dfl_seq_len(const dfl_context *ctx, int32_t seq);
 /* Removes positions >= p0 of seq (p0 <= 0: all). */
-dfl_status dfl_seq_remove(dfl_context *ctx, int32_t seq, int64_t p0, dfl_error *err);
+DFL_API dfl_status dfl_seq_remove(dfl_context *ctx, int32_t seq, int64_t p0, dfl_error *err);
 /* Makes dst a copy of src (its KV cells and length). */
-dfl_status dfl_seq_copy(dfl_context *ctx, int32_t src, int32_t dst, dfl_error *err);
-const dfl_model *dfl_context_model(const dfl_context *ctx);
+DFL_API dfl_status dfl_seq_copy(dfl_context *ctx, int32_t src, int32_t dst, dfl_error *err);
+DFL_API const dfl_model *dfl_context_model(const dfl_context *ctx);
 
-/* ---- speculative decoding (DFlash) ------------------------------------------------------- */
+/* ---- speculative decoding (DFlash): the feature path (the engine below drives the session) -- */
 
-/* A speculative session over a target context and a drafter context (created with
- * params.target = the target context, whose capture_layers are the drafter's target_layers).
- * Each step drafts one block per active sequence in ONE drafter pass, verifies all of them in ONE
- * target batch, keeps the longest correct prefix plus a bonus token, and rolls both caches back.
- * Greedy output is bit-identical to the target's own greedy decoding; at temperature > 0 the
- * rejection rule keeps the output distribution exactly the target's. */
-typedef struct dfl_spec dfl_spec;
-
+/* How target features reach the drafter (dfl_engine_params.features). */
 typedef enum dfl_feature_path {
     DFL_FEATURES_DEVICE = 0, /* the drafter reads rows of the target's feature buffer in place */
     DFL_FEATURES_HOST = 1,   /* features are copied through host memory */
@@ -157,69 +161,6 @@ typedef enum dfl_feature_wait {
     DFL_WAIT_HOST = 0,
     DFL_WAIT_DEVICE = 1,
 } dfl_feature_wait;
-
-#define DFL_DRAFT_START 4
-
-typedef struct dfl_spec_params {
-    int32_t n_draft;             /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
-    /* adaptive draft length: a sequence's draft stops before the first token whose drafter
-     * probability (softmax of the drafter's logits) is below draft_p_min, so the target verifies
-     * only the confident part of the block (0 drafts: a plain decode step). 0: always n_draft.
-     * The output is lossless whatever the cut (it depends on the drafter only). */
-    float draft_p_min;
-    /* adaptive draft length: 0 = always n_draft; else each sequence's draft length moves between
-     * n_draft_min and n_draft (+2 after a step that accepted its whole draft, -1 after a step
-     * that rejected one of its drafts; it starts at DFL_DRAFT_START clamped to the range), and
-     * the drafter pass covers the longest of them. */
-    int32_t n_draft_min;
-    float temp;                  /* <= 0: greedy */
-    int32_t top_k;               /* target sampling transforms at temp > 0 (as dfl_sampler_params) */
-    float top_p;
-    float min_p;
-    uint64_t seed;
-    dfl_feature_path features;   /* default DFL_FEATURES_DEVICE */
-    dfl_feature_wait wait;       /* default DFL_WAIT_HOST */
-    /* optional: called after each drafter pass with a sequence's draft tokens, which it may
-     * replace (other drafting strategies; tests that force acceptance patterns). Output stays
-     * lossless whatever it writes, as long as the ids are inside the vocabulary. */
-    void (*draft_hook)(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
-    void *draft_hook_user;
-} dfl_spec_params;
-
-typedef struct dfl_spec_stats {
-    int64_t n_steps;             /* speculative steps (per sequence) */
-    int64_t n_drafted;           /* draft tokens proposed */
-    int64_t n_accepted;          /* draft tokens accepted */
-    int64_t accept_hist[65];     /* accept_hist[k]: steps that accepted exactly k draft tokens */
-    double t_draft_ms;           /* drafting (drafter block decode) */
-    double t_verify_ms;          /* target verification batches */
-    double t_inject_ms;          /* drafter feature injection */
-    double t_prefill_ms;         /* prompt processing (target + drafter injection) */
-    double t_other_ms;           /* acceptance and bookkeeping */
-    uint64_t feature_host_bytes; /* bytes of features copied through host memory */
-    int64_t n_prefill_tokens;
-} dfl_spec_stats;
-
-dfl_spec_params dfl_spec_default_params(void);
-dfl_spec *dfl_spec_new(dfl_context *target, dfl_context *drafter, const dfl_spec_params *params, dfl_error *err);
-void dfl_spec_free(dfl_spec *spec);
-/* Processes seq's prompt (target + drafter context) and returns the first generated token. The
- * sequence must be empty in both contexts. */
-dfl_status dfl_spec_prefill(dfl_spec *spec, int32_t seq, const int32_t *prompt, int64_t n_prompt, int32_t *first,
-                            dfl_error *err);
-/* One speculative step for n sequences (each prefilled). tokens [n, n_draft+1] receives each
- * sequence's newly committed tokens (accepted drafts, then the bonus), n_tokens [n] their count
- * (1..n_draft+1). */
-dfl_status dfl_spec_step(dfl_spec *spec, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
-                         dfl_error *err);
-/* Forgets seq in both contexts (so it can be prefilled again). */
-void dfl_spec_seq_reset(dfl_spec *spec, int32_t seq);
-int32_t dfl_spec_n_draft(const dfl_spec *spec);
-dfl_spec_stats dfl_spec_get_stats(const dfl_spec *spec);
-/* "device" or "host": the path in use (a device request falls back to host copies when the
- * target has no feature buffer or the drafter cannot read it); the note says why. */
-const char *dfl_spec_feature_path_name(const dfl_spec *spec);
-const char *dfl_spec_feature_note(const dfl_spec *spec);
 
 /* Hyperparameters of a loaded model. */
 typedef struct dfl_hparams {
@@ -246,11 +187,11 @@ typedef struct dfl_hparams {
     bool causal;           /* dflash.attention.causal (default false) */
 } dfl_hparams;
 
-const dfl_hparams *dfl_model_hparams(const dfl_model *model);
+DFL_API const dfl_hparams *dfl_model_hparams(const dfl_model *model);
 /* Bytes and elements of all the model's tensors. */
-uint64_t dfl_model_n_bytes(const dfl_model *model);
-uint64_t dfl_model_n_params(const dfl_model *model);
-const char *dfl_arch_name(dfl_arch arch);
+DFL_API uint64_t dfl_model_n_bytes(const dfl_model *model);
+DFL_API uint64_t dfl_model_n_params(const dfl_model *model);
+DFL_API const char *dfl_arch_name(dfl_arch arch);
 
 /* ---- batch ------------------------------------------------------------------------------ */
 
@@ -282,26 +223,26 @@ typedef struct dfl_batch {
 /* Allocates a batch for up to n_tokens_max entries with embeddings of n_embd floats (0 if the
  * batch carries only token ids / embd rows) and n_pos_sections (1 or 4) positions per entry.
  * Returns NULL and fills err (may be NULL) on a bad argument or a failed allocation. */
-dfl_batch *dfl_batch_init(int64_t n_tokens_max, int64_t n_embd, int64_t n_pos_sections, dfl_error *err);
-void dfl_batch_free(dfl_batch *batch);
+DFL_API dfl_batch *dfl_batch_init(int64_t n_tokens_max, int64_t n_embd, int64_t n_pos_sections, dfl_error *err);
+DFL_API void dfl_batch_free(dfl_batch *batch);
 /* Removes all entries (keeps the memory). */
-void dfl_batch_clear(dfl_batch *batch);
+DFL_API void dfl_batch_clear(dfl_batch *batch);
 
 /* The adders append one entry and return its index, or a negative status:
  * -DFL_ERR_CTX_FULL when the batch already holds n_tokens_max entries, -DFL_ERR_INVALID for a
  * NULL pointer, an embedding in a batch created with n_embd == 0, or a negative embd row.
  * pos points to n_pos_sections positions. Values (token range, positions ...) are checked when
  * the batch is submitted, not here. */
-int32_t dfl_batch_add_token(dfl_batch *batch, int32_t token, const int32_t *pos, int32_t seq_id, bool output);
-int32_t dfl_batch_add_embd(dfl_batch *batch, const float *embd, const int32_t *pos, int32_t seq_id, bool output);
+DFL_API int32_t dfl_batch_add_token(dfl_batch *batch, int32_t token, const int32_t *pos, int32_t seq_id, bool output);
+DFL_API int32_t dfl_batch_add_embd(dfl_batch *batch, const float *embd, const int32_t *pos, int32_t seq_id, bool output);
 /* A "mixed" entry: token id and embedding together. */
-int32_t dfl_batch_add_token_embd(dfl_batch *batch, int32_t token, const float *embd, const int32_t *pos,
+DFL_API int32_t dfl_batch_add_token_embd(dfl_batch *batch, int32_t token, const float *embd, const int32_t *pos,
                                  int32_t seq_id, bool output);
 /* An entry whose input is row `row` of the other context's feature buffer. */
-int32_t dfl_batch_add_embd_row(dfl_batch *batch, int32_t row, const int32_t *pos, int32_t seq_id, bool output);
+DFL_API int32_t dfl_batch_add_embd_row(dfl_batch *batch, int32_t row, const int32_t *pos, int32_t seq_id, bool output);
 /* Sets the state embedding (n_embd floats, copied) of entry idx. DFL_ERR_INVALID on a bad idx,
  * a NULL state or a batch with n_embd == 0. */
-dfl_status dfl_batch_set_state(dfl_batch *batch, int64_t idx, const float *state);
+DFL_API dfl_status dfl_batch_set_state(dfl_batch *batch, int64_t idx, const float *state);
 
 /* ---- sampler ---------------------------------------------------------------------------- */
 
@@ -331,17 +272,17 @@ typedef struct dfl_sampler dfl_sampler;
 
 /* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1, repeat_last_n 64, presence and
  * frequency penalties 0, seed 0. */
-dfl_sampler_params dfl_sampler_default_params(void);
+DFL_API dfl_sampler_params dfl_sampler_default_params(void);
 /* Returns NULL and fills err (may be NULL) on an invalid parameter or a failed allocation. */
-dfl_sampler *dfl_sampler_new(const dfl_sampler_params *params, int64_t n_vocab, dfl_error *err);
-void dfl_sampler_free(dfl_sampler *sampler);
+DFL_API dfl_sampler *dfl_sampler_new(const dfl_sampler_params *params, int64_t n_vocab, dfl_error *err);
+DFL_API void dfl_sampler_free(dfl_sampler *sampler);
 /* Samples a token from n_vocab logits. Returns the token id, or -DFL_ERR_INVALID when a logit is
  * NaN or +Inf or no logit is finite (-Inf logits are allowed: such tokens are never drawn). */
-int32_t dfl_sampler_sample(dfl_sampler *sampler, const float *logits);
+DFL_API int32_t dfl_sampler_sample(dfl_sampler *sampler, const float *logits);
 /* Appends a committed token to the repetition-penalty window. DFL_ERR_INVALID if out of range. */
-dfl_status dfl_sampler_accept(dfl_sampler *sampler, int32_t token);
+DFL_API dfl_status dfl_sampler_accept(dfl_sampler *sampler, int32_t token);
 /* Empties the repetition window and restarts the generator from the seed. */
-void dfl_sampler_reset(dfl_sampler *sampler);
+DFL_API void dfl_sampler_reset(dfl_sampler *sampler);
 /* ---- vocab: the tokenizer (byte-level BPE, as the reference tokenizer of the model) -------- */
 
 typedef struct dfl_vocab dfl_vocab;
@@ -364,25 +305,28 @@ typedef enum dfl_token_type {
 /* Loads only the vocabulary of a GGUF file (a model or a vocabulary-only file): model "gpt2"
  * (byte-level BPE), pre-tokenizer "qwen2", "llama3"/"llama-bpe" or "gpt2"/"default" (absent =
  * gpt2). NULL + err on failure. */
-dfl_vocab *dfl_vocab_load(const char *path, dfl_error *err);
-void dfl_vocab_free(dfl_vocab *vocab);
+DFL_API dfl_vocab *dfl_vocab_load(const char *path, dfl_error *err);
+/* The vocabulary of a loaded model, from the metadata already read (the file is not parsed
+ * again). The model may be freed afterwards. NULL + err when it has none. */
+DFL_API dfl_vocab *dfl_model_vocab_new(const dfl_model *model, dfl_error *err);
+DFL_API void dfl_vocab_free(dfl_vocab *vocab);
 
-int64_t dfl_vocab_n_tokens(const dfl_vocab *vocab);
+DFL_API int64_t dfl_vocab_n_tokens(const dfl_vocab *vocab);
 /* Special token ids, -1 where the vocabulary has none. eot: tokenizer.ggml.eot_token_id, else
  * the first of <|eot_id|>, <|im_end|>, <|end|>, <end_of_turn> that is a control token. */
-int32_t dfl_vocab_bos(const dfl_vocab *vocab);
-int32_t dfl_vocab_eos(const dfl_vocab *vocab);
-int32_t dfl_vocab_eot(const dfl_vocab *vocab);
-int32_t dfl_vocab_pad(const dfl_vocab *vocab);
-int32_t dfl_vocab_mask(const dfl_vocab *vocab);
-bool dfl_vocab_add_bos(const dfl_vocab *vocab);
+DFL_API int32_t dfl_vocab_bos(const dfl_vocab *vocab);
+DFL_API int32_t dfl_vocab_eos(const dfl_vocab *vocab);
+DFL_API int32_t dfl_vocab_eot(const dfl_vocab *vocab);
+DFL_API int32_t dfl_vocab_pad(const dfl_vocab *vocab);
+DFL_API int32_t dfl_vocab_mask(const dfl_vocab *vocab);
+DFL_API bool dfl_vocab_add_bos(const dfl_vocab *vocab);
 /* True for tokens that end a generation (eos, eot, and control tokens such as <|endoftext|>). */
-bool dfl_vocab_is_eog(const dfl_vocab *vocab, int32_t token);
-dfl_token_type dfl_vocab_token_type(const dfl_vocab *vocab, int32_t token);
+DFL_API bool dfl_vocab_is_eog(const dfl_vocab *vocab, int32_t token);
+DFL_API dfl_token_type dfl_vocab_token_type(const dfl_vocab *vocab, int32_t token);
 /* The token whose text is exactly text[0..len) (decoded bytes; control tokens included), or -1. */
-int32_t dfl_vocab_find(const dfl_vocab *vocab, const char *text, size_t len);
+DFL_API int32_t dfl_vocab_find(const dfl_vocab *vocab, const char *text, size_t len);
 /* The pre-tokenizer in use: "qwen2", "llama3" or "gpt2". */
-const char *dfl_vocab_pre_name(const dfl_vocab *vocab);
+DFL_API const char *dfl_vocab_pre_name(const dfl_vocab *vocab);
 
 /* Tokenizes text[0..len) (any bytes) into tokens[0..n_max). Returns the token count n; if n > n_max,
  * writes the first n_max and returns -n (tokens NULL, n_max 0 = a count query); DFL_VOCAB_FAIL on a
@@ -396,15 +340,15 @@ const char *dfl_vocab_pre_name(const dfl_vocab *vocab);
  * (Qwen2/3), the pre-tokenizer regex, byte-level BPE. Bytes that are not part of well-formed
  * UTF-8 split the text like special tokens and each becomes its own byte token, so
  * dfl_detokenize(dfl_tokenize(x), special = true) == x for every NFC input, valid UTF-8 or not. */
-int64_t dfl_tokenize(const dfl_vocab *vocab, const char *text, size_t len, int32_t *tokens, int64_t n_max,
+DFL_API int64_t dfl_tokenize(const dfl_vocab *vocab, const char *text, size_t len, int32_t *tokens, int64_t n_max,
                      bool add_special, bool parse_special);
 
 /* The bytes of one token into buf[0..cap). Returns the length n, -n if cap < n, DFL_VOCAB_FAIL for
  * an invalid token id. special: write the text of control (and unused) tokens; otherwise they
  * are empty. A token's bytes may be an incomplete UTF-8 sequence (use dfl_detok to stream). */
-int64_t dfl_token_to_piece(const dfl_vocab *vocab, int32_t token, char *buf, size_t cap, bool special);
+DFL_API int64_t dfl_token_to_piece(const dfl_vocab *vocab, int32_t token, char *buf, size_t cap, bool special);
 /* The concatenated bytes of tokens[0..n_tokens) (no NUL added). Same return convention. */
-int64_t dfl_detokenize(const dfl_vocab *vocab, const int32_t *tokens, int64_t n_tokens, char *buf, size_t cap,
+DFL_API int64_t dfl_detokenize(const dfl_vocab *vocab, const int32_t *tokens, int64_t n_tokens, char *buf, size_t cap,
                        bool special);
 
 /* Streaming detokenizer: turns tokens one at a time into text that is always valid UTF-8.
@@ -412,13 +356,13 @@ int64_t dfl_detokenize(const dfl_vocab *vocab, const int32_t *tokens, int64_t n_
  * become valid UTF-8 are replaced by U+FFFD (one per maximal ill-formed subpart, as the WHATWG
  * decoder does). Allocates at creation only. */
 typedef struct dfl_detok dfl_detok;
-dfl_detok *dfl_detok_new(const dfl_vocab *vocab, bool special, dfl_error *err);
-void dfl_detok_free(dfl_detok *detok);
+DFL_API dfl_detok *dfl_detok_new(const dfl_vocab *vocab, bool special, dfl_error *err);
+DFL_API void dfl_detok_free(dfl_detok *detok);
 /* Feeds one token; text and len receive the text that is complete now (valid until the next call).
  * DFL_ERR_INVALID (text empty) for a token id outside the vocabulary. */
-dfl_status dfl_detok_push(dfl_detok *detok, int32_t token, const char **text, size_t *len);
+DFL_API dfl_status dfl_detok_push(dfl_detok *detok, int32_t token, const char **text, size_t *len);
 /* Ends the stream: returns what is held back (as U+FFFD), and resets the state. */
-void dfl_detok_flush(dfl_detok *detok, const char **text, size_t *len);
+DFL_API void dfl_detok_flush(dfl_detok *detok, const char **text, size_t *len);
 
 /* Chat template: ChatML as Qwen3's template renders it:
  *   "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message (roles system, user, assistant, tool;
@@ -435,7 +379,7 @@ typedef struct dfl_chat_msg {
 /* Renders into buf[0..cap) with a terminating NUL. Returns the length n (without the NUL), or
  * -(n + 1) if cap < n + 1, or DFL_VOCAB_FAIL with err set (NULL message fields; a vocabulary,
  * if given, without <|im_start|> and <|im_end|>). */
-int64_t dfl_chat_render(const dfl_vocab *vocab, const dfl_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
+DFL_API int64_t dfl_chat_render(const dfl_vocab *vocab, const dfl_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
                         bool enable_thinking, char *buf, size_t cap, dfl_error *err);
 
 /* ---- engine: one target (+ drafter) pair and its sequences --------------------------------- */
@@ -474,26 +418,26 @@ typedef struct dfl_engine_params {
     void *draft_hook_user;
 } dfl_engine_params;
 
-dfl_engine_params dfl_engine_default_params(void);
+DFL_API dfl_engine_params dfl_engine_default_params(void);
 /* Loads target_path (arch qwen3 or llama) with its vocabulary and drafter_path (arch dflash; NULL:
  * plain decoding). NULL + err on a load failure, a mismatched pair or a bad parameter. */
-dfl_engine *dfl_engine_new(const char *target_path, const char *drafter_path, const dfl_engine_params *params,
+DFL_API dfl_engine *dfl_engine_new(const char *target_path, const char *drafter_path, const dfl_engine_params *params,
                            dfl_error *err);
 /* The same over models already loaded (borrowed: they and vocab must outlive the engine). vocab
  * may be NULL: then there is no text output and no end-of-generation token. */
-dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, const dfl_vocab *vocab,
+DFL_API dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, const dfl_vocab *vocab,
                                        const dfl_engine_params *params, dfl_error *err);
-void dfl_engine_free(dfl_engine *engine);
+DFL_API void dfl_engine_free(dfl_engine *engine);
 
-const dfl_vocab *dfl_engine_vocab(const dfl_engine *engine);   /* NULL if none */
-const dfl_model *dfl_engine_target(const dfl_engine *engine);
-const dfl_model *dfl_engine_drafter(const dfl_engine *engine); /* NULL: plain decoding */
-int32_t dfl_engine_n_seq(const dfl_engine *engine);
-int64_t dfl_engine_n_ctx(const dfl_engine *engine);
-int32_t dfl_engine_n_draft(const dfl_engine *engine);          /* 0: plain decoding */
+DFL_API const dfl_vocab *dfl_engine_vocab(const dfl_engine *engine);   /* NULL if none */
+DFL_API const dfl_model *dfl_engine_target(const dfl_engine *engine);
+DFL_API const dfl_model *dfl_engine_drafter(const dfl_engine *engine); /* NULL: plain decoding */
+DFL_API int32_t dfl_engine_n_seq(const dfl_engine *engine);
+DFL_API int64_t dfl_engine_n_ctx(const dfl_engine *engine);
+DFL_API int32_t dfl_engine_n_draft(const dfl_engine *engine);          /* 0: plain decoding */
 /* "device", "host" (speculative) or "none" (plain), and why. */
-const char *dfl_engine_feature_path(const dfl_engine *engine);
-const char *dfl_engine_feature_note(const dfl_engine *engine);
+DFL_API const char *dfl_engine_feature_path(const dfl_engine *engine);
+DFL_API const char *dfl_engine_feature_note(const dfl_engine *engine);
 
 typedef struct dfl_seq_params {
     dfl_sampler_params sampler;  /* default: greedy (temp 0), no penalties */
@@ -505,14 +449,24 @@ typedef struct dfl_seq_params {
     int32_t n_stop;              /* at most 16 */
     bool ignore_eos;             /* the vocabulary's end-of-generation tokens do not stop */
     bool special;                /* write the text of control tokens */
+    /* > 0: dfl_engine_seq_start prefills at most this many prompt tokens, and every
+     * dfl_engine_step prefills the next chunk (DFL_SEQ_PREFILL) until the prompt is in, so a
+     * long prompt does not stall the other sequences' steps; 0: the whole prompt at start */
+    int64_t prefill_chunk;
+    /* log-probabilities of the generated tokens under the target's distribution (log-softmax of
+     * its logits at temperature 1, before any sampling transform) and of the n_top_logprobs most
+     * likely tokens at each position (0..20); greedy steps then return full logits */
+    bool logprobs;
+    int32_t n_top_logprobs;
 } dfl_seq_params;
 
-dfl_seq_params dfl_seq_default_params(void);
+DFL_API dfl_seq_params dfl_seq_default_params(void);
 
 typedef enum dfl_seq_state {
     DFL_SEQ_IDLE = 0,     /* never started, or reset */
     DFL_SEQ_ACTIVE = 1,   /* generating: advanced by dfl_engine_step */
     DFL_SEQ_FINISHED = 2, /* stopped (see dfl_finish_reason); its cache stays for prefix reuse */
+    DFL_SEQ_PREFILL = 3,  /* its prompt is being prefilled chunk by chunk (dfl_engine_step) */
 } dfl_seq_state;
 
 typedef enum dfl_finish_reason {
@@ -531,6 +485,12 @@ typedef struct dfl_seq_output {
     int64_t n_tokens;
     const char *text;         /* new text: valid UTF-8, never part of a stop string; NUL-terminated */
     size_t text_len;
+    /* with dfl_seq_params.logprobs (else NULL): logprobs[i] of tokens[i]; top_ids / top_logprobs
+     * [n_tokens, n_top]: the n_top most likely tokens at each position, most likely first */
+    const float *logprobs;
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    int32_t n_top;
 } dfl_seq_output;
 
 typedef struct dfl_seq_stats {
@@ -560,29 +520,32 @@ typedef struct dfl_engine_stats {
 
 /* Starts seq (idle or finished) on a prompt: decodes only the part after the longest prefix it
  * shares with what the sequence's cache holds (at least the last prompt token), then samples
- * the first token (readable with dfl_engine_seq_read; the sequence may already be finished).
+ * the first token (readable with dfl_engine_seq_read; the sequence may already be finished);
+ * with params.prefill_chunk the prompt is prefilled over the next steps instead.
  * Errors (nothing changes): seq outside 0..n_seq-1, an active sequence, an empty prompt or a
  * token outside the vocabulary, a prompt that leaves no room to generate, parameter values
  * out of range (the message names the value and the limit). */
-dfl_status dfl_engine_seq_start(dfl_engine *engine, int32_t seq, const int32_t *prompt, int64_t n_prompt,
+DFL_API dfl_status dfl_engine_seq_start(dfl_engine *engine, int32_t seq, const int32_t *prompt, int64_t n_prompt,
                                 const dfl_seq_params *params, dfl_error *err);
-/* Advances the n sequences seqs (seqs NULL: every active sequence; none active: nothing to do).
- * Each listed sequence must be active and listed once; on such an error nothing changes. A
- * sequence without room for the step finishes with DFL_FINISH_CTX. */
-dfl_status dfl_engine_step(dfl_engine *engine, const int32_t *seqs, int32_t n, dfl_error *err);
-/* Active sequences now. */
-int32_t dfl_engine_n_active(const dfl_engine *engine);
-/* Ends an active sequence now (DFL_FINISH_CANCELLED; its held-back text is dropped). A sequence
- * that is idle or finished is left as it is. DFL_ERR_INVALID only for seq out of range. */
-dfl_status dfl_engine_seq_cancel(dfl_engine *engine, int32_t seq, dfl_error *err);
+/* Advances the n sequences seqs (seqs NULL: every active or prefilling sequence; none: nothing
+ * to do): a prefilling sequence gets its next prompt chunk (and its first token with the last
+ * chunk), the active ones one step together. Each listed sequence must be active or prefilling
+ * and listed once; on such an error nothing changes. A sequence without room for the step
+ * finishes with DFL_FINISH_CTX. */
+DFL_API dfl_status dfl_engine_step(dfl_engine *engine, const int32_t *seqs, int32_t n, dfl_error *err);
+/* Sequences active or prefilling now. */
+DFL_API int32_t dfl_engine_n_active(const dfl_engine *engine);
+/* Ends an active or prefilling sequence now (DFL_FINISH_CANCELLED; its held-back text is
+ * dropped). A sequence that is idle or finished is left as it is. DFL_ERR_INVALID only for seq out of range. */
+DFL_API dfl_status dfl_engine_seq_cancel(dfl_engine *engine, int32_t seq, dfl_error *err);
 /* Forgets seq (cache, output, stats): idle. */
-dfl_status dfl_engine_seq_reset(dfl_engine *engine, int32_t seq, dfl_error *err);
+DFL_API dfl_status dfl_engine_seq_reset(dfl_engine *engine, int32_t seq, dfl_error *err);
 /* The output of seq since the previous read (its pointers stay valid until the next call that
  * changes the engine). */
-dfl_status dfl_engine_seq_read(dfl_engine *engine, int32_t seq, dfl_seq_output *out, dfl_error *err);
-dfl_seq_state dfl_engine_seq_state(const dfl_engine *engine, int32_t seq);
-dfl_status dfl_engine_seq_stats(const dfl_engine *engine, int32_t seq, dfl_seq_stats *out, dfl_error *err);
-dfl_engine_stats dfl_engine_get_stats(const dfl_engine *engine);
+DFL_API dfl_status dfl_engine_seq_read(dfl_engine *engine, int32_t seq, dfl_seq_output *out, dfl_error *err);
+DFL_API dfl_seq_state dfl_engine_seq_state(const dfl_engine *engine, int32_t seq);
+DFL_API dfl_status dfl_engine_seq_stats(const dfl_engine *engine, int32_t seq, dfl_seq_stats *out, dfl_error *err);
+DFL_API dfl_engine_stats dfl_engine_get_stats(const dfl_engine *engine);
 
 #ifdef __cplusplus
 }

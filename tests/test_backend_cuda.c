@@ -19,6 +19,7 @@
 #include "test.h"
 #include "test_util.h"
 #include "test_views.h"
+#include "speculative/session.h"
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops_ref.h"
@@ -1311,12 +1312,12 @@ static bool spec_run(test_ctx *t, const char *tpath, const char *dpath, int n_se
     memset(&o, 0, sizeof(o));
     o.mode = mode;
     o.rng = (uint64_t)(n_seq * 100 + n_draft * 10 + prompt_len);
-    dfl_spec_params sp = dfl_spec_default_params();
+    spec_params sp = spec_default_params();
     sp.n_draft = n_draft;
     sp.features = fp;
     sp.draft_hook = oracle_hook;
     sp.draft_hook_user = &o;
-    dfl_spec *spec = dc ? dfl_spec_new(tc, dc, &sp, &err) : NULL;
+    spec_session *spec = dc ? spec_new(tc, dc, &sp, &err) : NULL;
     bool ok = spec != NULL;
     CHECK_MSG(ok, "setup: %s", err.msg);
     int32_t prompts[4][128], ref[4][SPEC_GEN + 64];
@@ -1330,7 +1331,7 @@ static bool spec_run(test_ctx *t, const char *tpath, const char *dpath, int n_se
     }
     for (int s = 0; s < n_seq && ok; s++) {
         int32_t first;
-        ok = dfl_spec_prefill(spec, s, prompts[s], prompt_len + s, &first, &err) == DFL_OK;
+        ok = spec_prefill(spec, s, prompts[s], prompt_len + s, &first, &err) == DFL_OK;
         got[s][0] = first;
         o.done[s] = 1;
     }
@@ -1339,7 +1340,7 @@ static bool spec_run(test_ctx *t, const char *tpath, const char *dpath, int n_se
         bool all = true;
         for (int s = 0; s < n_seq; s++) all = all && o.done[s] >= SPEC_GEN;
         if (all) break;
-        ok = dfl_spec_step(spec, n_seq, seqs, step_tok, n_step, &err) == DFL_OK;
+        ok = spec_step(spec, n_seq, seqs, step_tok, n_step, &err) == DFL_OK;
         for (int s = 0; s < n_seq && ok; s++) {
             for (int j = 0; j < n_step[s]; j++) {
                 if (o.done[s] < SPEC_GEN + 63) got[s][o.done[s]] = step_tok[s * (n_draft + 1) + j];
@@ -1358,7 +1359,7 @@ static bool spec_run(test_ctx *t, const char *tpath, const char *dpath, int n_se
             }
         }
     }
-    dfl_spec_free(spec);
+    spec_free(spec);
     dfl_context_free(dc);
     dfl_context_free(rc);
     dfl_context_free(tc);

@@ -5,6 +5,7 @@
  * (tests/ref/check_embedded.py). Skips while the pair is absent. */
 #include "test.h"
 #include "test_util.h"
+#include "speculative/session.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -66,10 +67,10 @@ TEST(embedded_pair_lossless_and_accepted) {
     struct { int32_t n_draft_min; float p_min; const char *name; } cfgs[] = {
         {0, 0.0f, "block 16, fixed"}, {1, 0.0f, "adaptive 1..15"}, {1, 0.3f, "adaptive 1..15, p_min 0.3"}};
     for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++) {
-        dfl_spec_params sp = dfl_spec_default_params();
+        spec_params sp = spec_default_params();
         sp.n_draft_min = cfgs[c].n_draft_min;
         sp.draft_p_min = cfgs[c].p_min;
-        dfl_spec *spec = dfl_spec_new(tc, dc, &sp, &err);
+        spec_session *spec = spec_new(tc, dc, &sp, &err);
         REQUIRE(spec != NULL);
         int64_t steps = 0, accepted = 0;
         for (size_t p = 0; p < sizeof(k_prompts) / sizeof(k_prompts[0]); p++) {
@@ -78,24 +79,24 @@ TEST(embedded_pair_lossless_and_accepted) {
             REQUIRE(n > 0 && n < 256);
             dfl_seq_remove(rc, 0, 0, NULL);
             REQUIRE(tu_greedy(rc, 0, prompt, n, N_GEN, ref, &err) == DFL_OK);
-            dfl_spec_seq_reset(spec, 0);
-            dfl_spec_stats s0 = dfl_spec_get_stats(spec);
+            spec_seq_reset(spec, 0);
+            spec_stats s0 = spec_get_stats(spec);
             int32_t first, seq = 0, toks[64], nt = 0;
-            REQUIRE(dfl_spec_prefill(spec, 0, prompt, n, &first, &err) == DFL_OK);
+            REQUIRE(spec_prefill(spec, 0, prompt, n, &first, &err) == DFL_OK);
             int64_t k = 0;
             got[k++] = first;
             while (k < N_GEN) {
-                REQUIRE(dfl_spec_step(spec, 1, &seq, toks, &nt, &err) == DFL_OK);
+                REQUIRE(spec_step(spec, 1, &seq, toks, &nt, &err) == DFL_OK);
                 for (int32_t j = 0; j < nt && k < N_GEN + 32; j++) got[k++] = toks[j];
             }
-            dfl_spec_stats s1 = dfl_spec_get_stats(spec);
+            spec_stats s1 = spec_get_stats(spec);
             const int64_t ds = s1.n_steps - s0.n_steps, da = s1.n_accepted - s0.n_accepted;
             steps += ds;
             accepted += da;
             CHECK_MSG(memcmp(got, ref, N_GEN * sizeof(int32_t)) == 0, "%s, prompt %zu: speculative output differs from greedy",
                       cfgs[c].name, p);
         }
-        const dfl_spec_stats st = dfl_spec_get_stats(spec);
+        const spec_stats st = spec_get_stats(spec);
         const double tau = steps ? (double)(accepted + steps) / (double)steps : 0.0;
         const double mean_draft = st.n_steps ? (double)st.n_drafted / (double)st.n_steps : 0.0;
         printf("    embedded pair, %s: tau %.2f over %lld steps, %.2f drafts verified per step\n", cfgs[c].name, tau,
@@ -107,22 +108,22 @@ TEST(embedded_pair_lossless_and_accepted) {
             /* the adaptive length really moves: shorter than the block on average, longer than its start somewhere */
             CHECK_MSG(mean_draft < (double)(dh->block_size - 1) && mean_draft >= 1.0, "%s: %.2f drafts per step",
                       cfgs[c].name, mean_draft);
-            CHECK_MSG(st.accept_hist[DFL_DRAFT_START + 1] + st.accept_hist[DFL_DRAFT_START + 2] > 0 ||
-                          mean_draft > (double)DFL_DRAFT_START,
+            CHECK_MSG(st.accept_hist[SPEC_DRAFT_START + 1] + st.accept_hist[SPEC_DRAFT_START + 2] > 0 ||
+                          mean_draft > (double)SPEC_DRAFT_START,
                       "%s: the draft length never grew past its start", cfgs[c].name);
         }
-        dfl_spec_free(spec);
+        spec_free(spec);
     }
     /* bad adaptive parameters are refused with a message */
-    dfl_spec_params bad = dfl_spec_default_params();
+    spec_params bad = spec_default_params();
     bad.n_draft = 4;
     bad.n_draft_min = 5;
     memset(&err, 0, sizeof(err));
-    CHECK(dfl_spec_new(tc, dc, &bad, &err) == NULL && strstr(err.msg, "minimum draft length") != NULL);
-    bad = dfl_spec_default_params();
+    CHECK(spec_new(tc, dc, &bad, &err) == NULL && strstr(err.msg, "minimum draft length") != NULL);
+    bad = spec_default_params();
     bad.draft_p_min = 1.5f;
     memset(&err, 0, sizeof(err));
-    CHECK_MSG(dfl_spec_new(tc, dc, &bad, &err) == NULL && strstr(err.msg, "draft_p_min") != NULL, "got: %s", err.msg);
+    CHECK_MSG(spec_new(tc, dc, &bad, &err) == NULL && strstr(err.msg, "draft_p_min") != NULL, "got: %s", err.msg);
     dfl_context_free(dc);
     dfl_context_free(rc);
     dfl_context_free(tc);

@@ -270,12 +270,15 @@ TEST(engine_join_leave_cancel_solo) {
             plen[s] = (int)dfl_tokenize(vocab, texts[s], strlen(texts[s]), prompts[s], 64, true, false);
             REQUIRE(plen[s] > 0);
         }
-        sp[3].n_draft = 3; /* a per-sequence draft cap */
+        sp[3].n_draft = 3;        /* a per-sequence draft cap */
+        sp[2].prefill_chunk = 3;  /* a prompt prefilled in chunks between the others' steps */
         int32_t solo[4][MAXG];
         int64_t n_solo[4];
         dfl_seq_stats solo_st[4];
         for (int s = 0; s < 4; s++) {
-            REQUIRE(solo_run(t, m.tm, m.dm, &ep, prompts[s], plen[s], &sp[s], solo[s], &n_solo[s], &solo_st[s]));
+            dfl_seq_params whole = sp[s]; /* solo: the whole prompt at start */
+            whole.prefill_chunk = 0;
+            REQUIRE(solo_run(t, m.tm, m.dm, &ep, prompts[s], plen[s], &whole, solo[s], &n_solo[s], &solo_st[s]));
         }
         dfl_error err = {0};
         dfl_engine *e = dfl_engine_new_from_models(m.tm, m.dm, NULL, &ep, &err);
@@ -288,6 +291,7 @@ TEST(engine_join_leave_cancel_solo) {
             const int join = step == 0 ? 0 : step == 2 ? 1 : step == 4 ? 2 : step == 5 ? 3 : -1;
             if (join >= 0) ok = dfl_engine_seq_start(e, join, prompts[join], plen[join], &sp[join], &err) == DFL_OK;
             if (step == 4) ok = ok && dfl_engine_seq_cancel(e, 0, &err) == DFL_OK;
+            if (step == 4) CHECK_EQ_INT(dfl_engine_seq_state(e, 2), DFL_SEQ_PREFILL);
             for (int s = 0; s < 4; s++) {
                 dfl_seq_output o;
                 dfl_engine_seq_read(e, s, &o, &err);
@@ -359,7 +363,10 @@ TEST(engine_prefix_reuse) {
         memcpy(p2 + 30, got[0], 6 * sizeof(int32_t));
         for (int i = 36; i < 60; i++) p2[i] = (int32_t)((i * 37 + 5) % NV);
         sp.max_tokens = 15;
+        sp.prefill_chunk = 7; /* the 24 new prompt tokens over 4 calls */
         REQUIRE(dfl_engine_seq_start(e, 0, p2, 60, &sp, &err) == DFL_OK);
+        CHECK_EQ_INT(dfl_engine_seq_state(e, 0), DFL_SEQ_PREFILL);
+        sp.prefill_chunk = 0;
         dfl_seq_stats st;
         dfl_engine_seq_stats(e, 0, &st, &err);
         CHECK_EQ_INT(st.n_reused, 36);
@@ -655,4 +662,84 @@ TEST(engine_cli_penalties_and_stop) {
     REQUIRE(test_run(cmd, b, sizeof(b)) == 0);
     const size_t want = (size_t)(strstr(a, stop) - a);
     CHECK_MSG(strlen(b) == want + 1 && strncmp(a, b, want) == 0, "--stop '%s': '%s'", stop, b);
+}
+
+/* logprobs: the speculative engine gives the plain engine's tokens, logprobs and top
+ * alternatives (the target's distribution at each committed slot), greedy and sampled. */
+TEST(engine_logprobs_spec_equals_plain) {
+    char tp[512], dp[512];
+    if (!tu_make_models(t, "m", TINY_T " --type f32 --block-size 8 --seed 21", tp, dp, sizeof(tp))) return;
+    pair_models m;
+    if (!models_open(t, &m, tp, dp)) {
+        models_close(&m);
+        return;
+    }
+    oracle o;
+    memset(&o, 0, sizeof(o));
+    o.mode = 1; /* oracle drafts: several tokens per step, so logprobs come from many slots */
+    static int32_t ref[1][MAXG];
+    int32_t prompt[11];
+    make_prompt(prompt, 11, 0, 5);
+    dfl_error err = {0};
+    REQUIRE(tu_greedy(m.rctx, 0, prompt, 11, MAXG, ref[0], &err) == DFL_OK);
+    o.ref[0] = ref[0];
+    dfl_engine_params ep = dfl_engine_default_params();
+    ep.n_ctx = 256;
+    ep.n_threads = ep.n_threads_batch = 1;
+    ep.draft_hook = oracle_hook;
+    ep.draft_hook_user = &o;
+    for (int sampled = 0; sampled < 2; sampled++) {
+        static int32_t tok[2][MAXG], top[2][MAXG * 5];
+        static float lp[2][MAXG], toplp[2][MAXG * 5];
+        int64_t n[2] = {0, 0};
+        int64_t steps = 0, accepted = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            dfl_engine *e = dfl_engine_new_from_models(m.tm, pass == 0 ? m.dm : NULL, NULL, &ep, &err);
+            REQUIRE(e != NULL);
+            dfl_seq_params sp = dfl_seq_default_params();
+            sp.max_tokens = N_GEN;
+            sp.logprobs = true;
+            sp.n_top_logprobs = 5;
+            if (sampled) {
+                sp.sampler.temp = 0.0f; /* greedy with a penalty: the verify batch still returns logits */
+                sp.sampler.repeat_penalty = 1.2f;
+            }
+            o.done[0] = 0;
+            REQUIRE(dfl_engine_seq_start(e, 0, prompt, 11, &sp, &err) == DFL_OK);
+            for (int guard = 0; guard < 100; guard++) {
+                dfl_seq_output so;
+                dfl_engine_seq_read(e, 0, &so, &err);
+                REQUIRE(so.logprobs != NULL && so.n_top == 5);
+                for (int64_t j = 0; j < so.n_tokens; j++, n[pass]++) {
+                    tok[pass][n[pass]] = so.tokens[j];
+                    lp[pass][n[pass]] = so.logprobs[j];
+                    memcpy(&top[pass][n[pass] * 5], so.top_ids + j * 5, 5 * sizeof(int32_t));
+                    memcpy(&toplp[pass][n[pass] * 5], so.top_logprobs + j * 5, 5 * sizeof(float));
+                }
+                o.done[0] = n[pass];
+                if (so.state != DFL_SEQ_ACTIVE) break;
+                REQUIRE(dfl_engine_step(e, NULL, 0, &err) == DFL_OK);
+            }
+            if (pass == 0) {
+                dfl_seq_stats st;
+                dfl_engine_seq_stats(e, 0, &st, &err);
+                steps = st.n_steps;
+                accepted = st.n_accepted;
+            }
+            dfl_engine_free(e);
+        }
+        printf("    %s: %lld tokens, %lld drafts accepted in %lld speculative steps\n", sampled ? "penalized" : "greedy",
+               (long long)n[0], (long long)accepted, (long long)steps);
+        CHECK(accepted > 0);
+        CHECK_EQ_INT(n[0], n[1]);
+        CHECK(memcmp(tok[0], tok[1], sizeof(int32_t) * (size_t)n[0]) == 0);
+        CHECK(memcmp(top[0], top[1], sizeof(int32_t) * (size_t)n[0] * 5) == 0);
+        for (int64_t i = 0; i < n[0]; i++) {
+            CHECK_NEAR(lp[0][i], lp[1][i], 1e-5);
+            CHECK(lp[0][i] <= 0.0f);
+            CHECK(toplp[0][i * 5] >= toplp[0][i * 5 + 4]);
+            if (!sampled) CHECK(top[0][i * 5] == tok[0][i]); /* greedy: the token is the most likely */
+        }
+    }
+    models_close(&m);
 }

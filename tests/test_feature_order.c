@@ -6,6 +6,7 @@
  * features. Runs under ThreadSanitizer in `make tsan`. */
 #include "test.h"
 #include "test_util.h"
+#include "speculative/session.h"
 #include "backend/backend.h"
 #include "model/context.h"
 
@@ -64,15 +65,15 @@ static bool run(test_ctx *t, const char *tp, const char *dp, bool async, delays 
     dpp.n_seq = N_SEQ;
     dpp.target = tc;
     dfl_context *dc = tc ? context_new_on(dm, &dpp, bt, &err) : NULL;
-    dfl_spec_params sp = dfl_spec_default_params();
+    spec_params sp = spec_default_params();
     sp.n_draft = 3;
     sp.draft_hook = log_hook;
     sp.draft_hook_user = &r->drafts;
-    dfl_spec *spec = dc ? dfl_spec_new(tc, dc, &sp, &err) : NULL;
+    spec_session *spec = dc ? spec_new(tc, dc, &sp, &err) : NULL;
     bool ok = spec != NULL;
     if (!ok) test_fail(t, __FILE__, __LINE__, "setup: %s", err.msg);
     if (ok) {
-        snprintf(r->path, sizeof(r->path), "%s", dfl_spec_feature_path_name(spec));
+        snprintf(r->path, sizeof(r->path), "%s", spec_feature_path_name(spec));
         context_test_set_faults(tc, faults);
         if (async) {
             backend_cpu_queue_set_test_delay(tc->queue, dl.target);
@@ -82,19 +83,19 @@ static bool run(test_ctx *t, const char *tp, const char *dp, bool async, delays 
     for (int s = 0; ok && s < N_SEQ; s++) {
         int32_t prompt[PROMPT + N_SEQ], first;
         for (int i = 0; i < PROMPT + s; i++) prompt[i] = (int32_t)((i * 37 + s * 101 + 7) % 600);
-        ok = dfl_spec_prefill(spec, s, prompt, PROMPT + s, &first, &err) == DFL_OK;
+        ok = spec_prefill(spec, s, prompt, PROMPT + s, &first, &err) == DFL_OK;
         r->out[s][r->n_out[s]++] = first;
     }
     int32_t seqs[N_SEQ] = {0, 1, 2, 3}, toks[N_SEQ * 4], n_tok[N_SEQ];
     for (int k = 0; ok && k < steps; k++) {
-        ok = dfl_spec_step(spec, N_SEQ, seqs, toks, n_tok, &err) == DFL_OK;
+        ok = spec_step(spec, N_SEQ, seqs, toks, n_tok, &err) == DFL_OK;
         for (int s = 0; ok && s < N_SEQ; s++) {
             for (int j = 0; j < n_tok[s]; j++) r->out[s][r->n_out[s]++] = toks[s * 4 + j];
         }
     }
     if (!ok) test_fail(t, __FILE__, __LINE__, "run: %s", err.msg);
-    r->n_steps = spec ? dfl_spec_get_stats(spec).n_steps : 0;
-    dfl_spec_free(spec);
+    r->n_steps = spec ? spec_get_stats(spec).n_steps : 0;
+    spec_free(spec);
     dfl_context_free(dc);
     dfl_context_free(tc);
     backend_free(bt);

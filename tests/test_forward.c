@@ -197,6 +197,20 @@ TEST(forward_bad_input_leaves_others_intact) {
     dfl_batch_add_token(b, 3, &pos1, 5, true);
     err.code = DFL_OK;
     CHECK_EQ_INT(dfl_decode(ctx, b, &err), DFL_ERR_INVALID);
+    /* fields the forward pass does not read are refused: 4 position sections, a state embedding */
+    dfl_batch *b4 = dfl_batch_init(2, 0, 4, NULL);
+    const int32_t pos4[4] = {6, 6, 6, 6};
+    dfl_batch_add_token(b4, 3, pos4, 0, true);
+    CHECK_EQ_INT(dfl_decode(ctx, b4, &err), DFL_ERR_UNSUPPORTED);
+    CHECK_STR_CONTAINS(err.msg, "M-RoPE is not supported");
+    dfl_batch_free(b4);
+    dfl_batch *bs = dfl_batch_init(2, 64, 1, NULL);
+    float st_e[64] = {0};
+    dfl_batch_add_token(bs, 3, &pos0, 0, true);
+    dfl_batch_set_state(bs, 0, st_e);
+    CHECK_EQ_INT(dfl_decode(ctx, bs, &err), DFL_ERR_UNSUPPORTED);
+    CHECK_STR_CONTAINS(err.msg, "entry 0 carries a state embedding");
+    dfl_batch_free(bs);
     CHECK_EQ_INT(dfl_seq_len(ctx, 0), 6);
     CHECK_EQ_INT(dfl_seq_len(ctx, 1), 0);
     /* seq 0 continues exactly as before */

@@ -4,6 +4,7 @@
  * feature paths, and bad pairings. */
 #include "test.h"
 #include "test_util.h"
+#include "speculative/session.h"
 #include "model/context.h"
 
 #include <math.h>
@@ -16,11 +17,11 @@
 typedef struct pair {
     dfl_model *target, *drafter;
     dfl_context *tctx, *dctx, *rctx; /* target, drafter, reference (target alone) */
-    dfl_spec *spec;
+    spec_session *spec;
 } pair;
 
 static void pair_close(pair *p) {
-    dfl_spec_free(p->spec);
+    spec_free(p->spec);
     dfl_context_free(p->dctx);
     dfl_context_free(p->tctx);
     dfl_context_free(p->rctx);
@@ -31,7 +32,7 @@ static void pair_close(pair *p) {
 
 /* Opens target + drafter contexts and a session; false (reported) on failure. */
 static bool pair_open(test_ctx *t, pair *p, const char *tpath, const char *dpath, int n_seq, int n_draft,
-                      dfl_feature_path features, bool kv_f32, const dfl_spec_params *extra) {
+                      dfl_feature_path features, bool kv_f32, const spec_params *extra) {
     memset(p, 0, sizeof(*p));
     dfl_error err = {0};
     p->target = dfl_model_load(tpath, NULL, &err);
@@ -65,10 +66,10 @@ static bool pair_open(test_ctx *t, pair *p, const char *tpath, const char *dpath
     dp.kv_f32 = kv_f32;
     dp.n_batch = 32;
     p->dctx = p->rctx ? dfl_context_new(p->drafter, &dp, &err) : NULL;
-    dfl_spec_params sp = extra ? *extra : dfl_spec_default_params();
+    spec_params sp = extra ? *extra : spec_default_params();
     sp.n_draft = k;
     sp.features = features;
-    p->spec = p->dctx ? dfl_spec_new(p->tctx, p->dctx, &sp, &err) : NULL;
+    p->spec = p->dctx ? spec_new(p->tctx, p->dctx, &sp, &err) : NULL;
     if (p->spec == NULL) {
         test_fail(t, __FILE__, __LINE__, "setup: %s", err.msg);
         return false;
@@ -116,7 +117,7 @@ static bool spec_case(test_ctx *t, const char *tpath, const char *dpath, int n_s
     memset(&o, 0, sizeof(o));
     o.mode = mode;
     o.rng = (uint64_t)(n_seq * 1000 + n_draft * 10 + prompt_len);
-    dfl_spec_params sp = dfl_spec_default_params();
+    spec_params sp = spec_default_params();
     sp.draft_hook = oracle_hook;
     sp.draft_hook_user = &o;
     sp.n_draft_min = adapt > 0 ? 1 : 0;
@@ -126,7 +127,7 @@ static bool spec_case(test_ctx *t, const char *tpath, const char *dpath, int n_s
         pair_close(&p);
         return false;
     }
-    const int32_t k = dfl_spec_n_draft(p.spec);
+    const int32_t k = spec_n_draft(p.spec);
     int32_t prompts[8][128];
     int32_t ref[8][N_GEN + 64];
     int32_t got[8][N_GEN + 64];
@@ -142,7 +143,7 @@ static bool spec_case(test_ctx *t, const char *tpath, const char *dpath, int n_s
     }
     for (int s = 0; s < n_seq && ok; s++) {
         int32_t first;
-        ok = dfl_spec_prefill(p.spec, s, prompts[s], prompt_len + s, &first, &err) == DFL_OK;
+        ok = spec_prefill(p.spec, s, prompts[s], prompt_len + s, &first, &err) == DFL_OK;
         got[s][0] = first;
         o.done[s] = 1;
     }
@@ -152,7 +153,7 @@ static bool spec_case(test_ctx *t, const char *tpath, const char *dpath, int n_s
         bool all = true;
         for (int s = 0; s < n_seq; s++) all = all && o.done[s] >= N_GEN;
         if (all) break;
-        ok = dfl_spec_step(p.spec, n_seq, seqs, step_tok, n_step, &err) == DFL_OK;
+        ok = spec_step(p.spec, n_seq, seqs, step_tok, n_step, &err) == DFL_OK;
         for (int s = 0; s < n_seq && ok; s++) {
             for (int j = 0; j < n_step[s]; j++) {
                 if (o.done[s] < N_GEN + 63) got[s][o.done[s]] = step_tok[s * (k + 1) + j];
@@ -173,7 +174,7 @@ static bool spec_case(test_ctx *t, const char *tpath, const char *dpath, int n_s
         }
     }
     if (tokens_out) memcpy(tokens_out, got, sizeof(int32_t) * 8 * (N_GEN + 64));
-    dfl_spec_stats st = dfl_spec_get_stats(p.spec);
+    spec_stats st = spec_get_stats(p.spec);
     if (tau_out) *tau_out = st.n_steps ? (double)(st.n_accepted + st.n_steps) / (double)st.n_steps : 0;
     pair_close(&p);
     return ok;
@@ -253,7 +254,7 @@ TEST(spec_drafter_vs_numpy) {
         int32_t first, draft[7];
         dfl_error err = {0};
         float *logits = malloc(7 * NV * sizeof(float));
-        CHECK(dfl_spec_prefill(p.spec, 0, prompt, 13, &first, &err) == DFL_OK);
+        CHECK(spec_prefill(p.spec, 0, prompt, 13, &first, &err) == DFL_OK);
         CHECK(drafter_draft(p.dctx, 1, (int32_t[]){0}, &first, 7, NULL, draft, logits, &err) == DFL_OK);
         double e = tu_rel_err(logits, ref, 7 * NV);
         printf("    drafter block logits (f32, f32 KV) vs numpy: max rel err %.3g\n", e);
@@ -319,23 +320,23 @@ TEST(spec_bad_pairs_and_params) {
     dp.target = p.tctx;
     p.dctx = dfl_context_new(p.drafter, &dp, &err);
     REQUIRE(p.dctx != NULL);
-    dfl_spec_params sp = dfl_spec_default_params();
+    spec_params sp = spec_default_params();
     sp.n_draft = 8;
     err.code = DFL_OK;
-    CHECK(dfl_spec_new(p.tctx, p.dctx, &sp, &err) == NULL);
+    CHECK(spec_new(p.tctx, p.dctx, &sp, &err) == NULL);
     CHECK_STR_CONTAINS(err.msg, "draft length 8 is outside 1..7");
     /* a prompt token outside the vocabulary, an oversize prompt */
     sp.n_draft = 7;
-    p.spec = dfl_spec_new(p.tctx, p.dctx, &sp, &err);
+    p.spec = spec_new(p.tctx, p.dctx, &sp, &err);
     REQUIRE(p.spec != NULL);
     int32_t bad[3] = {1, 700, 2}, first;
     err.code = DFL_OK;
-    CHECK_EQ_INT(dfl_spec_prefill(p.spec, 0, bad, 3, &first, &err), DFL_ERR_INVALID);
+    CHECK_EQ_INT(spec_prefill(p.spec, 0, bad, 3, &first, &err), DFL_ERR_INVALID);
     int32_t longp[64] = {0};
     err.code = DFL_OK;
-    CHECK_EQ_INT(dfl_spec_prefill(p.spec, 0, longp, 64, &first, &err), DFL_ERR_CTX_FULL);
+    CHECK_EQ_INT(spec_prefill(p.spec, 0, longp, 64, &first, &err), DFL_ERR_CTX_FULL);
     int32_t seq0 = 0, toks[8], nt;
     err.code = DFL_OK;
-    CHECK_EQ_INT(dfl_spec_step(p.spec, 1, &seq0, toks, &nt, &err), DFL_ERR_INVALID); /* not prefilled */
+    CHECK_EQ_INT(spec_step(p.spec, 1, &seq0, toks, &nt, &err), DFL_ERR_INVALID); /* not prefilled */
     pair_close(&p);
 }

@@ -5,6 +5,7 @@
  * must be rejected, which shows the test can fail. */
 #include "test.h"
 #include "test_util.h"
+#include "speculative/session.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -89,7 +90,7 @@ static void force_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft)
  * 0..3 chosen from the drafter's own probabilities) */
 static bool sample_spec(setup *s, uint64_t seed, forced *f, bool adapt, int32_t out[N_POS]) {
     dfl_error err = {0};
-    dfl_spec_params sp = dfl_spec_default_params();
+    spec_params sp = spec_default_params();
     sp.n_draft_min = adapt ? 1 : 0;
     sp.draft_p_min = adapt ? 0.05f : 0.0f;
     sp.temp = 1.0f;
@@ -100,18 +101,18 @@ static bool sample_spec(setup *s, uint64_t seed, forced *f, bool adapt, int32_t 
     sp.n_draft = 3;
     sp.draft_hook = force_hook;
     sp.draft_hook_user = f;
-    dfl_spec *spec = dfl_spec_new(s->tctx, s->dctx, &sp, &err);
+    spec_session *spec = spec_new(s->tctx, s->dctx, &sp, &err);
     if (spec == NULL) return false;
-    dfl_spec_seq_reset(spec, 0);
+    spec_seq_reset(spec, 0);
     int32_t first, seq = 0, toks[8], n = 0, got = 0;
-    bool ok = dfl_spec_prefill(spec, 0, k_prompt, 5, &first, &err) == DFL_OK;
+    bool ok = spec_prefill(spec, 0, k_prompt, 5, &first, &err) == DFL_OK;
     if (ok) out[got++] = first;
     while (ok && got < N_POS) {
-        ok = dfl_spec_step(spec, 1, &seq, toks, &n, &err) == DFL_OK;
+        ok = spec_step(spec, 1, &seq, toks, &n, &err) == DFL_OK;
         for (int32_t j = 0; ok && j < n && got < N_POS; j++) out[got++] = toks[j];
     }
-    dfl_spec_seq_reset(spec, 0);
-    dfl_spec_free(spec);
+    spec_seq_reset(spec, 0);
+    spec_free(spec);
     return ok;
 }
 

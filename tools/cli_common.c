@@ -296,7 +296,7 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
         fprintf(stderr, "dflash %s: %s is a DFlash drafter; pass it with -md and a target with -m\n", cmd, o->model);
         return 1;
     }
-    s->vocab = dfl_vocab_load(o->model, &err);
+    s->vocab = dfl_model_vocab_new(s->target, &err);
     if (s->vocab == NULL) {
         fprintf(stderr, "dflash %s: %s\n", cmd, err.msg);
         return 1;

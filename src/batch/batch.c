@@ -28,6 +28,7 @@ void dfl_batch_free(dfl_batch *b) {
 }
 
 dfl_batch *dfl_batch_init(int64_t n_tokens_max, int64_t n_embd, int64_t n_pos_sections, dfl_error *err) {
+    error_clear(err);
     if (n_tokens_max < 1 || n_tokens_max > BATCH_MAX_TOKENS) {
         error_set(err, DFL_ERR_INVALID, "dfl_batch_init: n_tokens_max %lld must be in [1, %lld]",
                   (long long)n_tokens_max, (long long)BATCH_MAX_TOKENS);

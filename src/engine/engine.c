@@ -10,6 +10,7 @@
 #include "sample/sampler.h"
 #include "speculative/session.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -21,15 +22,22 @@ typedef struct eng_seq {
     dfl_detok *detok;          /* NULL without a vocabulary */
     int32_t *hist;             /* [n_ctx] the tokens its caches hold, in order */
     int64_t n_hist;
+    int64_t n_prompt;          /* the prompt's length (hist[n_hist, n_prompt): still to prefill) */
+    int64_t prefill_chunk;     /* prompt tokens per prefill call, <= 0: all */
     int32_t pending;           /* the last committed token, not yet in the caches; -1: none */
     int64_t max_tokens;        /* <= 0: no limit */
     int32_t *stop_tok;         /* [n_stop_tok] */
     int32_t n_stop_tok;
     bool ignore_eos;
     stop_text stop;
+    bool want_lp;              /* logprobs asked for */
+    int32_t n_top;             /* top logprobs per position */
     /* output since the last read */
     int32_t *out_tok;
     int64_t n_out, cap_out;
+    float *out_lp;             /* [cap_out] (want_lp) */
+    int32_t *out_top_id;       /* [cap_out, n_top] */
+    float *out_top_lp;         /* [cap_out, n_top] */
     text_buf text;
     bool drained;              /* read since the last append: the next append starts afresh */
     dfl_seq_stats stats;
@@ -41,7 +49,7 @@ struct dfl_engine {
     dfl_vocab *vocab;
     bool own_vocab;
     dfl_context *tctx, *dctx;
-    dfl_spec *spec;            /* NULL: plain decoding */
+    spec_session *spec;            /* NULL: plain decoding */
     dfl_engine_params params;
     int32_t n_seq, n_draft;
     int64_t n_ctx, n_vocab, n_batch;
@@ -85,6 +93,9 @@ static void seq_free(eng_seq *q) {
     free(q->stop_tok);
     stop_text_free(&q->stop);
     free(q->out_tok);
+    free(q->out_lp);
+    free(q->out_top_id);
+    free(q->out_top_lp);
     text_buf_free(&q->text);
 }
 
@@ -94,7 +105,7 @@ void dfl_engine_free(dfl_engine *e) {
         for (int32_t i = 0; i < e->n_seq; i++) seq_free(&e->seqs[i]);
         free(e->seqs);
     }
-    dfl_spec_free(e->spec);
+    spec_free(e->spec);
     dfl_context_free(e->dctx);
     dfl_context_free(e->tctx);
     dfl_batch_free(e->batch);
@@ -127,7 +138,7 @@ dfl_engine *dfl_engine_new(const char *target_path, const char *drafter_path, co
             return NULL;
         }
     }
-    dfl_vocab *v = dfl_vocab_load(target_path, err);
+    dfl_vocab *v = dfl_model_vocab_new(t, err);
     if (v == NULL) {
         dfl_model_free(d);
         dfl_model_free(t);
@@ -260,7 +271,7 @@ dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, co
         dp.target = e->tctx;
         e->dctx = dfl_context_new(drafter, &dp, err);
         if (e->dctx == NULL) goto fail;
-        dfl_spec_params sp = dfl_spec_default_params();
+        spec_params sp = spec_default_params();
         sp.n_draft = n_draft;
         sp.n_draft_min = p.n_draft_min;
         sp.draft_p_min = p.draft_p_min;
@@ -268,7 +279,7 @@ dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, co
         sp.wait = p.wait;
         sp.draft_hook = p.draft_hook;
         sp.draft_hook_user = p.draft_hook_user;
-        e->spec = dfl_spec_new(e->tctx, e->dctx, &sp, err);
+        e->spec = spec_new(e->tctx, e->dctx, &sp, err);
         if (e->spec == NULL) goto fail;
     } else {
         e->batch = dfl_batch_init(cp.n_batch, 0, 1, err);
@@ -307,9 +318,9 @@ const dfl_model *dfl_engine_drafter(const dfl_engine *e) { return e->drafter; }
 int32_t dfl_engine_n_seq(const dfl_engine *e) { return e->n_seq; }
 int64_t dfl_engine_n_ctx(const dfl_engine *e) { return e->n_ctx; }
 int32_t dfl_engine_n_draft(const dfl_engine *e) { return e->n_draft; }
-const char *dfl_engine_feature_path(const dfl_engine *e) { return e->spec ? dfl_spec_feature_path_name(e->spec) : "none"; }
+const char *dfl_engine_feature_path(const dfl_engine *e) { return e->spec ? spec_feature_path_name(e->spec) : "none"; }
 const char *dfl_engine_feature_note(const dfl_engine *e) {
-    return e->spec ? dfl_spec_feature_note(e->spec) : "plain decoding (no drafter)";
+    return e->spec ? spec_feature_note(e->spec) : "plain decoding (no drafter)";
 }
 
 /* Positions a step of one sequence needs after its cached tokens. */
@@ -343,12 +354,56 @@ static void out_begin(eng_seq *q) {
     }
 }
 
-static dfl_status out_token(eng_seq *q, int32_t tok, dfl_error *err) {
-    if (q->n_out == q->cap_out) {
-        int32_t *p = realloc(q->out_tok, (size_t)q->cap_out * 2 * sizeof(int32_t));
-        if (p == NULL) return error_set(err, DFL_ERR_NOMEM, "engine: out of memory for the output");
-        q->out_tok = p;
-        q->cap_out *= 2;
+/* Grows the output arrays to hold n tokens. */
+static bool out_reserve(eng_seq *q, int64_t n) {
+    if (n <= q->cap_out && (!q->want_lp || q->out_lp != NULL)) return true;
+    int64_t cap = q->cap_out;
+    while (cap < n) cap *= 2;
+    int32_t *t = realloc(q->out_tok, (size_t)cap * sizeof(int32_t));
+    if (t == NULL) return false;
+    q->out_tok = t;
+    q->cap_out = cap;
+    if (q->want_lp) {
+        const size_t nt = (size_t)(q->n_top > 0 ? q->n_top : 1);
+        float *lp = realloc(q->out_lp, (size_t)cap * sizeof(float));
+        if (lp != NULL) q->out_lp = lp;
+        int32_t *ti = realloc(q->out_top_id, (size_t)cap * nt * sizeof(int32_t));
+        if (ti != NULL) q->out_top_id = ti;
+        float *tl = realloc(q->out_top_lp, (size_t)cap * nt * sizeof(float));
+        if (tl != NULL) q->out_top_lp = tl;
+        if (lp == NULL || ti == NULL || tl == NULL) return false;
+    }
+    return true;
+}
+
+/* Log-softmax of logits [n_vocab] at tok, and the n_top most likely tokens (most likely first,
+ * lowest id on ties). */
+static void logprobs_of(const float *l, int64_t n_vocab, int32_t tok, int32_t n_top, float *lp, int32_t *top_id,
+                        float *top_lp) {
+    float mx = l[0];
+    for (int64_t v = 1; v < n_vocab; v++) mx = l[v] > mx ? l[v] : mx;
+    double sum = 0.0;
+    for (int64_t v = 0; v < n_vocab; v++) sum += exp((double)l[v] - (double)mx);
+    const double lse = (double)mx + log(sum);
+    *lp = (float)((double)l[tok] - lse);
+    for (int32_t k = 0; k < n_top; k++) {
+        int64_t best = -1;
+        for (int64_t v = 0; v < n_vocab; v++) {
+            bool taken = false;
+            for (int32_t j = 0; j < k && !taken; j++) taken = top_id[j] == v;
+            if (!taken && (best < 0 || l[v] > l[best])) best = v;
+        }
+        top_id[k] = (int32_t)best;
+        top_lp[k] = (float)((double)l[best] - lse);
+    }
+}
+
+static dfl_status out_token(dfl_engine *e, eng_seq *q, int32_t tok, const float *logits, dfl_error *err) {
+    if (!out_reserve(q, q->n_out + 1)) return error_set(err, DFL_ERR_NOMEM, "engine: out of memory for the output");
+    if (q->want_lp) {
+        if (logits == NULL) return error_set(err, DFL_ERR_INTERNAL, "engine: no logits for the logprobs of token %d", tok);
+        logprobs_of(logits, e->n_vocab, tok, q->n_top, &q->out_lp[q->n_out], q->out_top_id + (size_t)q->n_out * (size_t)q->n_top,
+                    q->out_top_lp + (size_t)q->n_out * (size_t)q->n_top);
     }
     q->out_tok[q->n_out++] = tok;
     return DFL_OK;
@@ -382,8 +437,10 @@ nomem:
     return error_set(err, DFL_ERR_NOMEM, "engine: out of memory for the text");
 }
 
-/* Commits the generated tokens toks[0..n) of q in order, until one ends the generation. */
-static dfl_status commit_tokens(dfl_engine *e, eng_seq *q, const int32_t *toks, int32_t n, dfl_error *err) {
+/* Commits the generated tokens toks[0..n) of q in order, until one ends the generation; rows[j]
+ * (rows may be NULL without logprobs): the target's logits token j was drawn from. */
+static dfl_status commit_tokens(dfl_engine *e, eng_seq *q, const int32_t *toks, int32_t n, const float *const *rows,
+                                dfl_error *err) {
     out_begin(q);
     for (int32_t j = 0; j < n && q->state == DFL_SEQ_ACTIVE; j++) {
         const int32_t tok = toks[j];
@@ -393,7 +450,7 @@ static dfl_status commit_tokens(dfl_engine *e, eng_seq *q, const int32_t *toks, 
             seq_finish(q, DFL_FINISH_STOP);
             break;
         }
-        dfl_status st = out_token(q, tok, err);
+        dfl_status st = out_token(e, q, tok, rows != NULL ? rows[j] : NULL, err);
         if (st != DFL_OK) return st;
         if (q->detok != NULL) {
             const char *t;
@@ -423,6 +480,13 @@ static dfl_status check_seq_params(const dfl_engine *e, const dfl_seq_params *p,
         return error_set(err, DFL_ERR_INVALID, "seq_start: draft length %d is outside 0..%d (the engine's draft length)",
                          p->n_draft, e->n_draft);
     }
+    if (p->n_top_logprobs < 0 || p->n_top_logprobs > 20) {
+        return error_set(err, DFL_ERR_INVALID, "seq_start: n_top_logprobs %d is outside 0..20", p->n_top_logprobs);
+    }
+    if (p->prefill_chunk < 0) {
+        return error_set(err, DFL_ERR_INVALID, "seq_start: prefill_chunk %lld is negative (0: the whole prompt)",
+                         (long long)p->prefill_chunk);
+    }
     if (p->n_stop_tokens < 0 || p->n_stop_tokens > 1024 || (p->n_stop_tokens > 0 && p->stop_tokens == NULL)) {
         return error_set(err, DFL_ERR_INVALID, "seq_start: %d stop tokens (expected 0..1024 with an array)",
                          p->n_stop_tokens);
@@ -450,12 +514,13 @@ static dfl_status check_seq_params(const dfl_engine *e, const dfl_seq_params *p,
     return DFL_OK;
 }
 
-/* Plain path: decodes prompt[n_cached, n_prompt) of seq and samples the first token. */
-static dfl_status plain_prefill(dfl_engine *e, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t n_cached,
-                                dfl_sampler *smp, int32_t *first, dfl_error *err) {
+/* Plain path: decodes prompt[from, to) of seq; with the last prompt token, samples the first
+ * token into *first (else -1). */
+static dfl_status plain_prefill(dfl_engine *e, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t from,
+                                int64_t to, dfl_sampler *smp, int32_t *first, dfl_error *err) {
     const int64_t chunk = e->batch->n_tokens_max < e->n_batch ? e->batch->n_tokens_max : e->n_batch;
-    for (int64_t off = n_cached; off < n_prompt; off += chunk) {
-        const int64_t m = n_prompt - off < chunk ? n_prompt - off : chunk;
+    for (int64_t off = from; off < to; off += chunk) {
+        const int64_t m = to - off < chunk ? to - off : chunk;
         dfl_batch_clear(e->batch);
         for (int64_t k = 0; k < m; k++) {
             const int32_t pos = (int32_t)(off + k);
@@ -464,12 +529,46 @@ static dfl_status plain_prefill(dfl_engine *e, int32_t seq, const int32_t *promp
         dfl_status st = dfl_decode(e->tctx, e->batch, err);
         if (st != DFL_OK) return st;
     }
+    *first = -1;
+    if (to < n_prompt) return DFL_OK;
     for (int64_t i = 0; i < n_prompt; i++) dfl_sampler_accept(smp, prompt[i]);
     const int32_t tok = dfl_sampler_sample(smp, dfl_get_logits(e->tctx, e->batch->n_tokens - 1));
     if (tok < 0) return error_set(err, DFL_ERR_INVALID, "prefill: the target's logits are not finite");
     dfl_sampler_accept(smp, tok);
     *first = tok;
     return DFL_OK;
+}
+
+/* Drops positions >= p0 of seq from both caches. */
+static void seq_trim(dfl_engine *e, int32_t seq, int64_t p0);
+
+/* Prefills the next chunk of a prefilling sequence (all of the rest without a chunk size); the
+ * last chunk samples the first token and makes the sequence active. */
+static dfl_status prefill_next(dfl_engine *e, int32_t seq, dfl_error *err) {
+    eng_seq *q = &e->seqs[seq];
+    const int64_t from = q->n_hist;
+    const int64_t to = q->prefill_chunk > 0 && q->n_prompt - from > q->prefill_chunk ? from + q->prefill_chunk : q->n_prompt;
+    const double t0 = now_ms();
+    int32_t first = -1;
+    dfl_status st;
+    if (e->spec != NULL) st = spec_prefill_range(e->spec, seq, q->hist, q->n_prompt, from, to, &first, err);
+    else st = plain_prefill(e, seq, q->hist, q->n_prompt, from, to, q->smp, &first, err);
+    if (st != DFL_OK) {
+        seq_trim(e, seq, 0);
+        q->state = DFL_SEQ_IDLE;
+        q->finish = DFL_FINISH_NONE;
+        return st;
+    }
+    const double dt = now_ms() - t0;
+    q->n_hist = to;
+    q->stats.t_prefill_ms += dt;
+    e->stats.t_prefill_ms += dt;
+    e->stats.n_prompt_tokens += to - from;
+    if (to < q->n_prompt) return DFL_OK;
+    q->pending = first;
+    q->state = DFL_SEQ_ACTIVE;
+    const float *row = context_last_logits(e->tctx);
+    return commit_tokens(e, q, &first, 1, &row, err);
 }
 
 /* Drops positions >= p0 of seq from both caches. */
@@ -486,8 +585,9 @@ dfl_status dfl_engine_seq_start(dfl_engine *e, int32_t seq, const int32_t *promp
     dfl_status st = check_seq(e, seq, "seq_start", err);
     if (st != DFL_OK) return st;
     eng_seq *q = &e->seqs[seq];
-    if (q->state == DFL_SEQ_ACTIVE) {
-        return error_set(err, DFL_ERR_INVALID, "seq_start: sequence %d is active (cancel or reset it first)", seq);
+    if (q->state == DFL_SEQ_ACTIVE || q->state == DFL_SEQ_PREFILL) {
+        return error_set(err, DFL_ERR_INVALID, "seq_start: sequence %d is %s (cancel or reset it first)", seq,
+                         q->state == DFL_SEQ_ACTIVE ? "active" : "prefilling");
     }
     if (prompt == NULL || n_prompt < 1) return error_set(err, DFL_ERR_INVALID, "seq_start: the prompt is empty");
     const int64_t room = e->n_ctx - step_room(e);
@@ -529,6 +629,15 @@ dfl_status dfl_engine_seq_start(dfl_engine *e, int32_t seq, const int32_t *promp
     q->n_stop_tok = p.n_stop_tokens;
     q->ignore_eos = p.ignore_eos;
     q->max_tokens = p.max_tokens;
+    q->want_lp = p.logprobs;
+    q->n_top = p.logprobs ? p.n_top_logprobs : 0;
+    free(q->out_lp); /* sized again for this run's n_top */
+    free(q->out_top_id);
+    free(q->out_top_lp);
+    q->out_lp = NULL;
+    q->out_top_id = NULL;
+    q->out_top_lp = NULL;
+    if (!out_reserve(q, q->cap_out)) goto nomem_after;
     /* prefix reuse: keep the longest common prefix (all but the last prompt token at most) */
     int64_t keep = 0;
     while (keep < q->n_hist && keep < n_prompt - 1 && q->hist[keep] == prompt[keep]) keep++;
@@ -541,40 +650,30 @@ dfl_status dfl_engine_seq_start(dfl_engine *e, int32_t seq, const int32_t *promp
     q->text.p[0] = '\0';
     q->drained = false;
     q->pending = -1;
-    const double t0 = now_ms();
-    int32_t first = -1;
     if (e->spec != NULL) {
         spec_seq_set_sampler(e->spec, seq, smp);
         spec_seq_set_max_draft(e->spec, seq, p.n_draft);
-        st = spec_prefill_from(e->spec, seq, prompt, n_prompt, keep, &first, err);
-    } else {
-        st = plain_prefill(e, seq, prompt, n_prompt, keep, smp, &first, err);
-    }
-    if (st != DFL_OK) {
-        seq_trim(e, seq, 0);
-        q->state = DFL_SEQ_IDLE;
-        q->finish = DFL_FINISH_NONE;
-        return st;
+        spec_seq_set_need_logits(e->spec, seq, p.logprobs);
     }
     memcpy(q->hist + keep, prompt + keep, (size_t)(n_prompt - keep) * sizeof(int32_t));
-    q->n_hist = n_prompt;
-    q->pending = first;
-    q->state = DFL_SEQ_ACTIVE;
+    q->n_prompt = n_prompt;
+    q->prefill_chunk = p.prefill_chunk;
+    q->state = DFL_SEQ_PREFILL;
     q->finish = DFL_FINISH_NONE;
-    q->stats.t_prefill_ms = now_ms() - t0;
-    e->stats.t_prefill_ms += q->stats.t_prefill_ms;
-    e->stats.n_prompt_tokens += n_prompt - keep;
-    return commit_tokens(e, q, &first, 1, err);
+    return prefill_next(e, seq, err);
 nomem:
     dfl_sampler_free(smp);
     dfl_detok_free(dt);
     free(stop_tok);
     return error_set(err, DFL_ERR_NOMEM, "seq_start: out of memory");
+nomem_after:
+    q->state = DFL_SEQ_IDLE;
+    return error_set(err, DFL_ERR_NOMEM, "seq_start: out of memory for the logprobs");
 }
 
 int32_t dfl_engine_n_active(const dfl_engine *e) {
     int32_t n = 0;
-    for (int32_t i = 0; i < e->n_seq; i++) n += e->seqs[i].state == DFL_SEQ_ACTIVE;
+    for (int32_t i = 0; i < e->n_seq; i++) n += e->seqs[i].state == DFL_SEQ_ACTIVE || e->seqs[i].state == DFL_SEQ_PREFILL;
     return n;
 }
 
@@ -588,7 +687,9 @@ static dfl_status plain_step(dfl_engine *e, int32_t n, dfl_error *err) {
     }
     /* greedy sequences without penalties need only the argmax: ids come back, not logits */
     bool ids_only = true;
-    for (int32_t i = 0; i < n; i++) ids_only = ids_only && sampler_is_plain_greedy(e->seqs[e->act[i]].smp);
+    for (int32_t i = 0; i < n; i++) {
+        ids_only = ids_only && sampler_is_plain_greedy(e->seqs[e->act[i]].smp) && !e->seqs[e->act[i]].want_lp;
+    }
     context_set_argmax_only(e->tctx, ids_only);
     dfl_status st = dfl_decode(e->tctx, e->batch, err);
     context_set_argmax_only(e->tctx, false);
@@ -612,7 +713,7 @@ dfl_status dfl_engine_step(dfl_engine *e, const int32_t *seqs, int32_t n, dfl_er
     int32_t n_act = 0;
     if (seqs == NULL) {
         for (int32_t i = 0; i < e->n_seq; i++) {
-            if (e->seqs[i].state == DFL_SEQ_ACTIVE) e->act[n_act++] = i;
+            if (e->seqs[i].state == DFL_SEQ_ACTIVE || e->seqs[i].state == DFL_SEQ_PREFILL) e->act[n_act++] = i;
         }
     } else {
         if (n < 0 || n > e->n_seq) {
@@ -623,7 +724,7 @@ dfl_status dfl_engine_step(dfl_engine *e, const int32_t *seqs, int32_t n, dfl_er
             dfl_status st = check_seq(e, seqs[i], "step", err);
             if (st != DFL_OK) return st;
             const eng_seq *q = &e->seqs[seqs[i]];
-            if (q->state != DFL_SEQ_ACTIVE) {
+            if (q->state != DFL_SEQ_ACTIVE && q->state != DFL_SEQ_PREFILL) {
                 return error_set(err, DFL_ERR_INVALID, "step: sequence %d is %s", seqs[i],
                                  q->state == DFL_SEQ_IDLE ? "idle (not started)" : finish_name(q->finish));
             }
@@ -634,11 +735,15 @@ dfl_status dfl_engine_step(dfl_engine *e, const int32_t *seqs, int32_t n, dfl_er
         memcpy(e->act, seqs, (size_t)n * sizeof(int32_t));
         n_act = n;
     }
-    /* sequences without room for a step finish here */
+    /* prefilling sequences get their next chunk (they step from the next call on); sequences
+     * without room for a step finish here */
     int32_t m = 0;
     for (int32_t i = 0; i < n_act; i++) {
         eng_seq *q = &e->seqs[e->act[i]];
-        if (q->n_hist + step_room(e) > e->n_ctx) {
+        if (q->state == DFL_SEQ_PREFILL) {
+            dfl_status st = prefill_next(e, e->act[i], err);
+            if (st != DFL_OK) return st;
+        } else if (q->n_hist + step_room(e) > e->n_ctx) {
             out_begin(q);
             seq_finish(q, DFL_FINISH_CTX);
             dfl_status st = text_end(q, err);
@@ -681,7 +786,11 @@ dfl_status dfl_engine_step(dfl_engine *e, const int32_t *seqs, int32_t n, dfl_er
             }
         }
         if (e->spec != NULL) e->stats.accept_hist[nt - 1]++;
-        st = commit_tokens(e, q, toks, nt, err);
+        const float *rows[DFL_MAX_DRAFT];
+        if (q->want_lp) {
+            for (int32_t j = 0; j < nt; j++) rows[j] = e->spec ? spec_step_logits(e->spec, i, j) : dfl_get_logits(e->tctx, i);
+        }
+        st = commit_tokens(e, q, toks, nt, q->want_lp ? rows : NULL, err);
         if (st != DFL_OK) return st;
     }
     e->stats.t_step_ms += now_ms() - t0;
@@ -693,7 +802,7 @@ dfl_status dfl_engine_seq_cancel(dfl_engine *e, int32_t seq, dfl_error *err) {
     dfl_status st = check_seq(e, seq, "seq_cancel", err);
     if (st != DFL_OK) return st;
     eng_seq *q = &e->seqs[seq];
-    if (q->state != DFL_SEQ_ACTIVE) return DFL_OK;
+    if (q->state != DFL_SEQ_ACTIVE && q->state != DFL_SEQ_PREFILL) return DFL_OK;
     out_begin(q);
     seq_finish(q, DFL_FINISH_CANCELLED);
     stop_text_set(&q->stop, NULL, 0); /* drops the held text */
@@ -706,7 +815,7 @@ dfl_status dfl_engine_seq_reset(dfl_engine *e, int32_t seq, dfl_error *err) {
     if (st != DFL_OK) return st;
     eng_seq *q = &e->seqs[seq];
     if (e->spec != NULL) {
-        dfl_spec_seq_reset(e->spec, seq);
+        spec_seq_reset(e->spec, seq);
         spec_seq_set_sampler(e->spec, seq, NULL);
     }
     seq_trim(e, seq, 0);
@@ -736,6 +845,10 @@ dfl_status dfl_engine_seq_read(dfl_engine *e, int32_t seq, dfl_seq_output *out, 
     out->n_tokens = q->n_out;
     out->text = q->text.p;
     out->text_len = q->text.n;
+    out->logprobs = q->want_lp ? q->out_lp : NULL;
+    out->top_ids = q->want_lp ? q->out_top_id : NULL;
+    out->top_logprobs = q->want_lp ? q->out_top_lp : NULL;
+    out->n_top = q->want_lp ? q->n_top : 0;
     q->drained = true;
     return DFL_OK;
 }
@@ -756,7 +869,7 @@ dfl_status dfl_engine_seq_stats(const dfl_engine *e, int32_t seq, dfl_seq_stats 
 dfl_engine_stats dfl_engine_get_stats(const dfl_engine *e) {
     dfl_engine_stats s = e->stats;
     if (e->spec != NULL) {
-        const dfl_spec_stats ss = dfl_spec_get_stats(e->spec);
+        const spec_stats ss = spec_get_stats(e->spec);
         s.t_draft_ms = ss.t_draft_ms;
         s.t_verify_ms = ss.t_verify_ms;
         s.t_inject_ms = ss.t_inject_ms;

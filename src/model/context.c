@@ -325,6 +325,7 @@ fail:
 }
 
 dfl_context *dfl_context_new(dfl_model *model, const dfl_context_params *params, dfl_error *err) {
+    error_clear(err);
     return context_create(model, params, NULL, err);
 }
 
@@ -367,6 +368,7 @@ static void context_limits(const dfl_context *ctx, batch_limits *lim) {
 }
 
 dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) {
+    error_clear(err);
     if (ctx == NULL || batch == NULL) return error_set(err, DFL_ERR_INVALID, "dfl_decode: NULL context or batch");
     if (ctx->model->hp.arch == DFL_ARCH_DFLASH) {
         return error_set(err, DFL_ERR_INVALID, "dfl_decode: a drafter context is driven by the speculative session");
@@ -380,6 +382,17 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
     }
     dfl_status st = batch_validate(batch, &lim, err);
     if (st != DFL_OK) return st;
+    /* batch fields the forward pass does not read are refused, never ignored */
+    if (batch->n_pos_sections != 1) {
+        return error_set(err, DFL_ERR_UNSUPPORTED, "batch has %lld position sections: M-RoPE is not supported by the "
+                         "%s forward pass (1 section only)", (long long)batch->n_pos_sections, dfl_arch_name(ctx->model->hp.arch));
+    }
+    for (int64_t i = 0; i < batch->n_tokens; i++) {
+        if (batch->has_state[i]) {
+            return error_set(err, DFL_ERR_UNSUPPORTED, "batch entry %lld carries a state embedding: not supported by the %s "
+                             "forward pass", (long long)i, dfl_arch_name(ctx->model->hp.arch));
+        }
+    }
     const int64_t n_out_total = batch_n_outputs(batch);
     if (n_out_total > ctx->n_out_max) {
         return error_set(err, DFL_ERR_INVALID, "batch asks for %lld outputs; the context holds at most %lld "
@@ -420,6 +433,11 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
 
 void context_set_argmax_only(dfl_context *ctx, bool on) { ctx->argmax_only = on; }
 
+const float *context_last_logits(const dfl_context *ctx) {
+    if (ctx->last_argmax || ctx->n_outputs < 1) return NULL;
+    return ctx->logits + (size_t)(ctx->n_outputs - 1) * (size_t)ctx->n_vocab;
+}
+
 int32_t context_get_argmax(const dfl_context *ctx, int64_t i) {
     if (!ctx->last_argmax || i < 0 || i >= ctx->n_batch_last || ctx->out_of[i] < 0) return -1;
     return ctx->argmax_ids[ctx->out_of[i]];
@@ -446,6 +464,7 @@ int64_t dfl_seq_len(const dfl_context *ctx, int32_t seq) {
 }
 
 dfl_status dfl_seq_remove(dfl_context *ctx, int32_t seq, int64_t p0, dfl_error *err) {
+    error_clear(err);
     if (ctx == NULL || seq < 0 || seq >= ctx->kv.n_seq) {
         return error_set(err, DFL_ERR_INVALID, "seq_remove: sequence %d is out of range [0, %lld)", seq,
                          ctx ? (long long)ctx->kv.n_seq : 0LL);
@@ -455,6 +474,7 @@ dfl_status dfl_seq_remove(dfl_context *ctx, int32_t seq, int64_t p0, dfl_error *
 }
 
 dfl_status dfl_seq_copy(dfl_context *ctx, int32_t src, int32_t dst, dfl_error *err) {
+    error_clear(err);
     if (ctx == NULL || src < 0 || src >= ctx->kv.n_seq || dst < 0 || dst >= ctx->kv.n_seq) {
         return error_set(err, DFL_ERR_INVALID, "seq_copy: sequence %d or %d is out of range [0, %lld)", src, dst,
                          ctx ? (long long)ctx->kv.n_seq : 0LL);

@@ -33,6 +33,9 @@ void context_set_argmax_only(dfl_context *ctx, bool on);
  * -1 if i had no output or the decode returned logits. */
 int32_t context_get_argmax(const dfl_context *ctx, int64_t i);
 
+/* Logits [n_vocab] of the last output row of the last decode (NULL if none or argmax-only). */
+const float *context_last_logits(const dfl_context *ctx);
+
 /* Waits for the context's queue if it has work in flight (before host staging is reused). */
 void context_sync_pending(dfl_context *ctx);
 

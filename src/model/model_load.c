@@ -336,6 +336,7 @@ static dfl_status bind_all(dfl_model *m, dfl_error *err) {
 }
 
 dfl_model *dfl_model_load(const char *path, const dfl_model_params *params, dfl_error *err) {
+    error_clear(err);
     (void)params;
     dfl_model *m = calloc(1, sizeof(*m));
     if (m == NULL) {

@@ -53,6 +53,7 @@ dfl_sampler_params dfl_sampler_default_params(void) {
 }
 
 dfl_sampler *dfl_sampler_new(const dfl_sampler_params *params, int64_t n_vocab, dfl_error *err) {
+    error_clear(err);
     if (params == NULL) {
         error_set(err, DFL_ERR_INVALID, "sampler: NULL params");
         return NULL;

@@ -16,18 +16,19 @@
 #include <string.h>
 #include <time.h>
 
-struct dfl_spec {
+struct spec_session {
     dfl_context *tgt;
     dfl_context *dft;
-    dfl_spec_params params;
+    spec_params params;
     int32_t n_draft;        /* drafts per step */
     int32_t n_seq;
     int64_t n_vocab;
     int64_t width;          /* n_tl * n_embd: floats of one token's raw features */
-    dfl_sampler *sampler;   /* the session's own sampler (dfl_spec_params' transforms) */
+    dfl_sampler *sampler;   /* the session's own sampler (spec_params' transforms) */
     dfl_sampler **smp;      /* [n_seq] each sequence's sampler (default: sampler) */
     int32_t *kmax;          /* [n_seq] each sequence's longest draft (<= n_draft) */
     int32_t *lens;          /* [n_seq] draft length of each sequence of the current pass */
+    bool *need_logits;      /* [n_seq] the sequence wants full logits (logprobs) */
     int32_t *last;          /* [n_seq] committed token not yet in the target's cache, -1: idle */
     int32_t *draft;         /* [n_seq, n_draft] */
     int32_t *n_use;         /* [n_seq] drafts verified this step (<= n_draft; draft_p_min cut) */
@@ -35,9 +36,10 @@ struct dfl_spec {
     float *dlogits;         /* [n_seq * n_draft, n_vocab] drafter logits (draft_p_min > 0 only) */
     dfl_batch *verify;      /* [n_seq * (n_draft+1)] token entries */
     dfl_batch *inject;      /* drafter injection entries (features or rows) */
+    dfl_batch *pbatch;      /* [n_batch] prompt chunks */
     float *probs;           /* [n_draft+1, n_vocab] target distributions of one sequence (sampling) */
     int64_t *vidx;          /* [n_seq] index of each sequence's first entry in the verify batch */
-    dfl_spec_stats stats;
+    spec_stats stats;
     dfl_feature_path path;  /* the path in use (a device request may fall back to host) */
     uint64_t host_bytes_base; /* the target's feature_host_bytes when this session began */
     char note[200];
@@ -49,10 +51,10 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static int32_t draft_start(const dfl_spec *s, int32_t seq);
+static int32_t draft_start(const spec_session *s, int32_t seq);
 
-dfl_spec_params dfl_spec_default_params(void) {
-    dfl_spec_params p;
+spec_params spec_default_params(void) {
+    spec_params p;
     memset(&p, 0, sizeof(p));
     p.n_draft = 0;
     p.temp = 0.0f;
@@ -63,14 +65,16 @@ dfl_spec_params dfl_spec_default_params(void) {
     return p;
 }
 
-void dfl_spec_free(dfl_spec *s) {
+void spec_free(spec_session *s) {
     if (s == NULL) return;
     dfl_sampler_free(s->sampler);
     dfl_batch_free(s->verify);
     dfl_batch_free(s->inject);
+    dfl_batch_free(s->pbatch);
     free(s->smp);
     free(s->kmax);
     free(s->lens);
+    free(s->need_logits);
     free(s->last);
     free(s->draft);
     free(s->probs);
@@ -81,16 +85,17 @@ void dfl_spec_free(dfl_spec *s) {
     free(s);
 }
 
-dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params *params, dfl_error *err) {
+spec_session *spec_new(dfl_context *tgt, dfl_context *dft, const spec_params *params, dfl_error *err) {
+    error_clear(err);
     if (tgt == NULL || dft == NULL) {
-        error_set(err, DFL_ERR_INVALID, "dfl_spec_new: NULL context");
+        error_set(err, DFL_ERR_INVALID, "spec_new: NULL context");
         return NULL;
     }
     if (drafter_target(dft) != tgt) {
-        error_set(err, DFL_ERR_INVALID, "dfl_spec_new: the drafter context was not created for this target context");
+        error_set(err, DFL_ERR_INVALID, "spec_new: the drafter context was not created for this target context");
         return NULL;
     }
-    dfl_spec_params p = params ? *params : dfl_spec_default_params();
+    spec_params p = params ? *params : spec_default_params();
     const dfl_hparams *dh = &dft->model->hp;
     if (p.n_draft == 0) p.n_draft = (int32_t)(dh->block_size - 1);
     if (!(p.draft_p_min >= 0.0f && p.draft_p_min <= 1.0f)) {
@@ -115,7 +120,7 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
                   (long long)tgt->params.n_batch, (long long)tgt->n_out_max);
         return NULL;
     }
-    dfl_spec *s = calloc(1, sizeof(*s));
+    spec_session *s = calloc(1, sizeof(*s));
     if (s == NULL) {
         error_set(err, DFL_ERR_NOMEM, "out of memory");
         return NULL;
@@ -160,14 +165,16 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     tgt->link->wait_on_device = p.wait == DFL_WAIT_DEVICE;
     s->inject = dfl_batch_init(n_inject, s->path == DFL_FEATURES_HOST ? s->width : 0, 1, err);
     s->probs = malloc((size_t)(p.n_draft + 1) * (size_t)s->n_vocab * sizeof(float));
+    s->pbatch = dfl_batch_init(tgt->params.n_batch, 0, 1, err);
     s->smp = calloc((size_t)n_seq, sizeof(dfl_sampler *));
     s->kmax = calloc((size_t)n_seq, sizeof(int32_t));
     s->lens = calloc((size_t)n_seq, sizeof(int32_t));
+    s->need_logits = calloc((size_t)n_seq, sizeof(bool));
     if (s->sampler == NULL || s->last == NULL || s->draft == NULL || s->vidx == NULL || s->n_use == NULL || s->want == NULL ||
-        s->verify == NULL || s->inject == NULL || s->probs == NULL || s->smp == NULL || s->kmax == NULL || s->lens == NULL ||
+        s->verify == NULL || s->inject == NULL || s->probs == NULL || s->pbatch == NULL || s->smp == NULL || s->kmax == NULL || s->lens == NULL || s->need_logits == NULL ||
         (p.draft_p_min > 0.0f && s->dlogits == NULL)) {
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the speculative session");
-        dfl_spec_free(s);
+        spec_free(s);
         return NULL;
     }
     for (int32_t i = 0; i < n_seq; i++) {
@@ -182,35 +189,43 @@ dfl_spec *dfl_spec_new(dfl_context *tgt, dfl_context *dft, const dfl_spec_params
     return s;
 }
 
-int32_t dfl_spec_n_draft(const dfl_spec *s) { return s->n_draft; }
-dfl_spec_stats dfl_spec_get_stats(const dfl_spec *s) { return s->stats; }
-const char *dfl_spec_feature_path_name(const dfl_spec *s) { return s->path == DFL_FEATURES_HOST ? "host" : "device"; }
-const char *dfl_spec_feature_note(const dfl_spec *s) { return s->note; }
+int32_t spec_n_draft(const spec_session *s) { return s->n_draft; }
+spec_stats spec_get_stats(const spec_session *s) { return s->stats; }
+const char *spec_feature_path_name(const spec_session *s) { return s->path == DFL_FEATURES_HOST ? "host" : "device"; }
+const char *spec_feature_note(const spec_session *s) { return s->note; }
 
 /* A sequence's first draft length. */
-static int32_t draft_start(const dfl_spec *s, int32_t seq) {
+static int32_t draft_start(const spec_session *s, int32_t seq) {
     const int32_t kmax = s->kmax[seq];
     const int32_t kmin = s->params.n_draft_min < kmax ? s->params.n_draft_min : kmax;
     if (kmin <= 0) return kmax;
-    int32_t k = DFL_DRAFT_START;
+    int32_t k = SPEC_DRAFT_START;
     if (k < kmin) k = kmin;
     return k < kmax ? k : kmax;
 }
 
-void spec_seq_set_sampler(dfl_spec *s, int32_t seq, dfl_sampler *smp) {
+void spec_seq_set_sampler(spec_session *s, int32_t seq, dfl_sampler *smp) {
     if (seq < 0 || seq >= s->n_seq) return;
     s->smp[seq] = smp != NULL ? smp : s->sampler;
 }
 
-void spec_seq_set_max_draft(dfl_spec *s, int32_t seq, int32_t n_draft) {
+void spec_seq_set_max_draft(spec_session *s, int32_t seq, int32_t n_draft) {
     if (seq < 0 || seq >= s->n_seq) return;
     s->kmax[seq] = n_draft >= 1 && n_draft <= s->n_draft ? n_draft : s->n_draft;
     s->want[seq] = draft_start(s, seq);
 }
 
-int32_t spec_step_room(const dfl_spec *s) { return s->n_draft + 1; }
+int32_t spec_step_room(const spec_session *s) { return s->n_draft + 1; }
 
-void dfl_spec_seq_reset(dfl_spec *s, int32_t seq) {
+void spec_seq_set_need_logits(spec_session *s, int32_t seq, bool on) {
+    if (seq >= 0 && seq < s->n_seq) s->need_logits[seq] = on;
+}
+
+const float *spec_step_logits(const spec_session *s, int32_t i, int32_t j) {
+    return dfl_get_logits(s->tgt, s->vidx[i] + j);
+}
+
+void spec_seq_reset(spec_session *s, int32_t seq) {
     if (seq < 0 || seq >= s->n_seq) return;
     dfl_seq_remove(s->tgt, seq, 0, NULL);
     dfl_seq_remove(s->dft, seq, 0, NULL);
@@ -220,7 +235,7 @@ void dfl_spec_seq_reset(dfl_spec *s, int32_t seq) {
 
 /* Feeds the drafter the features of entries [i0, i0 + n) of the target's last batch, which
  * belong to `seq` at consecutive positions from the drafter's current length. */
-static dfl_status inject_rows(dfl_spec *s, int32_t seq, int64_t i0, int64_t n, dfl_error *err) {
+static dfl_status inject_rows(spec_session *s, int32_t seq, int64_t i0, int64_t n, dfl_error *err) {
     const double t0 = now_ms();
     const int64_t cap = s->dft->params.n_batch < s->inject->n_tokens_max ? s->dft->params.n_batch : s->inject->n_tokens_max;
     for (int64_t off = 0; off < n; off += cap) {
@@ -252,44 +267,49 @@ static int32_t argmax_row(const float *x, int64_t n) {
     return (int32_t)best;
 }
 
-dfl_status dfl_spec_prefill(dfl_spec *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int32_t *first,
+dfl_status spec_prefill(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int32_t *first,
                             dfl_error *err) {
+    error_clear(err);
     if (seq >= 0 && seq < s->n_seq && (dfl_seq_len(s->tgt, seq) != 0 || dfl_seq_len(s->dft, seq) != 0)) {
         return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d is not empty (reset it first)", seq);
     }
     return spec_prefill_from(s, seq, prompt, n_prompt, 0, first, err);
 }
 
-dfl_status spec_prefill_from(dfl_spec *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t n_cached,
+dfl_status spec_prefill_from(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t n_cached,
                              int32_t *first, dfl_error *err) {
+    return spec_prefill_range(s, seq, prompt, n_prompt, n_cached, n_prompt, first, err);
+}
+
+dfl_status spec_prefill_range(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t from,
+                              int64_t to, int32_t *first, dfl_error *err) {
     if (seq < 0 || seq >= s->n_seq) return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d is out of range", seq);
     if (n_prompt < 1 || prompt == NULL) return error_set(err, DFL_ERR_INVALID, "prefill: the prompt is empty");
-    if (n_cached < 0 || n_cached >= n_prompt || dfl_seq_len(s->tgt, seq) != n_cached ||
-        dfl_seq_len(s->dft, seq) != n_cached) {
+    if (from < 0 || from >= to || to > n_prompt || dfl_seq_len(s->tgt, seq) != from || dfl_seq_len(s->dft, seq) != from) {
         return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d holds %lld (target) and %lld (drafter) positions, "
-                         "expected the %lld cached prompt tokens", seq, (long long)dfl_seq_len(s->tgt, seq),
-                         (long long)dfl_seq_len(s->dft, seq), (long long)n_cached);
+                         "expected %lld before prompt tokens %lld..%lld of %lld", seq, (long long)dfl_seq_len(s->tgt, seq),
+                         (long long)dfl_seq_len(s->dft, seq), (long long)from, (long long)from, (long long)to - 1,
+                         (long long)n_prompt);
     }
     const int64_t room = dfl_n_ctx(s->tgt) - (s->n_draft + 1);
     if (n_prompt > room) {
         return error_set(err, DFL_ERR_CTX_FULL, "prompt of %lld tokens does not fit the context (%lld positions, %d kept "
                          "free for a verification block)", (long long)n_prompt, (long long)dfl_n_ctx(s->tgt), s->n_draft + 1);
     }
-    for (int64_t i = 0; i < n_prompt; i++) {
+    for (int64_t i = from; i < to; i++) {
         if (prompt[i] < 0 || prompt[i] >= s->n_vocab) {
             return error_set(err, DFL_ERR_INVALID, "prompt token %lld = %d is outside the vocabulary (%lld)", (long long)i,
                              prompt[i], (long long)s->n_vocab);
         }
     }
     const double t0 = now_ms();
-    const int64_t chunk = s->tgt->params.n_batch;
-    dfl_batch *pb = dfl_batch_init(chunk, 0, 1, err);
-    if (pb == NULL) return err ? err->code : DFL_ERR_NOMEM;
+    dfl_batch *pb = s->pbatch;
+    const int64_t chunk = pb->n_tokens_max;
     dfl_sampler *smp = s->smp[seq];
     dfl_status st = DFL_OK;
     int32_t tok = -1;
-    for (int64_t off = n_cached; off < n_prompt && st == DFL_OK; off += chunk) {
-        const int64_t m = n_prompt - off < chunk ? n_prompt - off : chunk;
+    for (int64_t off = from; off < to && st == DFL_OK; off += chunk) {
+        const int64_t m = to - off < chunk ? to - off : chunk;
         dfl_batch_clear(pb);
         for (int64_t k = 0; k < m; k++) {
             const int32_t pos = (int32_t)(off + k);
@@ -305,16 +325,15 @@ dfl_status spec_prefill_from(dfl_spec *s, int32_t seq, const int32_t *prompt, in
             else dfl_sampler_accept(smp, tok);
         }
     }
-    dfl_batch_free(pb);
     if (st != DFL_OK) {
-        dfl_spec_seq_reset(s, seq);
+        spec_seq_reset(s, seq);
         return st;
     }
-    s->last[seq] = tok;
-    *first = tok;
+    if (to == n_prompt) s->last[seq] = tok;
+    if (first != NULL) *first = tok;
     s->stats.t_prefill_ms += now_ms() - t0;
     s->stats.feature_host_bytes = s->tgt->link->host_bytes - s->host_bytes_base;
-    s->stats.n_prefill_tokens += n_prompt - n_cached;
+    s->stats.n_prefill_tokens += to - from;
     return DFL_OK;
 }
 
@@ -354,12 +373,13 @@ static int32_t draft_keep(const float *rows, const int32_t *d, int32_t k, int64_
  *   6. last = bonus; start += a + 1; with n_draft_min, the sequence's wanted length grows by 2
  *      after a = m = wanted, shrinks by 1 after a < m.
  */
-dfl_status dfl_spec_step(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
+dfl_status spec_step(spec_session *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
                          dfl_error *err) {
+    error_clear(err);
     return spec_step_ex(s, n, seqs, tokens, n_tokens, NULL, err);
 }
 
-dfl_status spec_step_ex(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
+dfl_status spec_step_ex(spec_session *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,
                         int32_t *n_drafted, dfl_error *err) {
     const int32_t K = s->n_draft; /* the longest draft: tokens rows have K + 1 entries */
     if (n < 1 || n > s->n_seq) return error_set(err, DFL_ERR_INVALID, "step: %d sequences (expected 1..%d)", n, s->n_seq);
@@ -422,7 +442,7 @@ dfl_status spec_step_ex(dfl_spec *s, int32_t n, const int32_t *seqs, int32_t *to
     /* greedy sequences without penalties need only the argmax of each verify row: the verify
      * batch then returns n ids instead of n x n_vocab logits, unless a sequence samples */
     bool ids_only = true;
-    for (int32_t i = 0; i < n; i++) ids_only = ids_only && sampler_is_plain_greedy(s->smp[seqs[i]]);
+    for (int32_t i = 0; i < n; i++) ids_only = ids_only && sampler_is_plain_greedy(s->smp[seqs[i]]) && !s->need_logits[seqs[i]];
     context_set_argmax_only(s->tgt, ids_only);
     st = dfl_decode(s->tgt, s->verify, err);
     context_set_argmax_only(s->tgt, false);

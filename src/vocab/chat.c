@@ -110,6 +110,7 @@ static void render_assistant(out_buf *o, const dfl_chat_msg *m, bool after_query
 
 int64_t dfl_chat_render(const dfl_vocab *vocab, const dfl_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
                         bool enable_thinking, char *buf, size_t cap, dfl_error *err) {
+    error_clear(err);
     if ((msgs == NULL && n_msgs > 0) || (buf == NULL && cap > 0)) {
         error_set(err, DFL_ERR_INVALID, "chat template: no messages or no output buffer");
         return DFL_VOCAB_FAIL;

@@ -55,6 +55,7 @@ struct dfl_detok {
 };
 
 dfl_detok *dfl_detok_new(const dfl_vocab *vocab, bool special, dfl_error *err) {
+    error_clear(err);
     if (vocab == NULL) {
         error_set(err, DFL_ERR_INVALID, "detokenizer: no vocabulary");
         return NULL;

@@ -3,6 +3,7 @@
 #include "vocab/vocab.h"
 
 #include "base/error.h"
+#include "model/model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,7 +122,17 @@ done:
     return v;
 }
 
+dfl_vocab *dfl_model_vocab_new(const dfl_model *model, dfl_error *err) {
+    error_clear(err);
+    if (model == NULL) {
+        error_set(err, DFL_ERR_INVALID, "vocabulary: no model");
+        return NULL;
+    }
+    return vocab_load_gguf(model_gguf(model), err);
+}
+
 dfl_vocab *dfl_vocab_load(const char *path, dfl_error *err) {
+    error_clear(err);
     if (path == NULL) {
         error_set(err, DFL_ERR_INVALID, "vocabulary: no path");
         return NULL;

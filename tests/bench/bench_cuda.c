@@ -21,6 +21,7 @@
  *              [--bandwidth GBps] [--ctx N] */
 #define _POSIX_C_SOURCE 200809L
 #include "dflash.h"
+#include "speculative/session.h"
 #include "backend/backend.h"
 #include "model/context.h"
 #include "model/model.h"
@@ -104,7 +105,7 @@ typedef struct spec_result {
 static spec_result run_spec(dfl_context *tc, dfl_context *dc, dfl_feature_path fp, const int32_t *prompt, int64_t n_prompt,
                             int n_steps, oracle *o) {
     dfl_error err = {0};
-    dfl_spec_params sp = dfl_spec_default_params();
+    spec_params sp = spec_default_params();
     sp.features = fp;
     if (o != NULL) {
         sp.draft_hook = oracle_hook;
@@ -112,13 +113,13 @@ static spec_result run_spec(dfl_context *tc, dfl_context *dc, dfl_feature_path f
     }
     dfl_seq_remove(tc, 0, 0, NULL);
     dfl_seq_remove(dc, 0, 0, NULL);
-    dfl_spec *s = dfl_spec_new(tc, dc, &sp, &err);
+    spec_session *s = spec_new(tc, dc, &sp, &err);
     if (s == NULL) die("spec", &err);
     int32_t first, toks[64], n_tok;
     const int32_t seq = 0;
-    if (dfl_spec_prefill(s, 0, prompt, n_prompt, &first, &err) != DFL_OK) die("spec prefill", &err);
+    if (spec_prefill(s, 0, prompt, n_prompt, &first, &err) != DFL_OK) die("spec prefill", &err);
     if (o) o->done = 1;
-    dfl_spec_stats st0 = dfl_spec_get_stats(s); /* after the prefill: the steps' own costs below */
+    spec_stats st0 = spec_get_stats(s); /* after the prefill: the steps' own costs below */
     double *steps = malloc((size_t)n_steps * sizeof(double));
     int64_t committed = 0;
     const double t0 = now_ms();
@@ -126,13 +127,13 @@ static spec_result run_spec(dfl_context *tc, dfl_context *dc, dfl_feature_path f
     for (int i = 0; i < n_steps; i++) {
         if (dfl_seq_len(tc, 0) + 64 >= dfl_n_ctx(tc)) break;
         const double a = now_ms();
-        if (dfl_spec_step(s, 1, &seq, toks, &n_tok, &err) != DFL_OK) die("spec step", &err);
+        if (spec_step(s, 1, &seq, toks, &n_tok, &err) != DFL_OK) die("spec step", &err);
         steps[done++] = now_ms() - a;
         committed += n_tok;
         if (o) o->done += n_tok;
     }
     const double total = now_ms() - t0;
-    dfl_spec_stats st = dfl_spec_get_stats(s);
+    spec_stats st = spec_get_stats(s);
     spec_result r;
     const double n = st.n_steps > 0 ? (double)st.n_steps : 1.0;
     r.step_ms = median(steps, done);
@@ -143,12 +144,12 @@ static spec_result run_spec(dfl_context *tc, dfl_context *dc, dfl_feature_path f
     r.tok_s = total > 0 ? (double)committed / (total / 1e3) : 0.0;
     r.tau = st.n_steps > 0 ? (double)(st.n_accepted + st.n_steps) / (double)st.n_steps : 0.0;
     r.host_bytes = (double)(st.feature_host_bytes - st0.feature_host_bytes) / n;
-    snprintf(r.path, sizeof(r.path), "%s", dfl_spec_feature_path_name(s));
+    snprintf(r.path, sizeof(r.path), "%s", spec_feature_path_name(s));
     if (fp == DFL_FEATURES_DEVICE && strcmp(r.path, "device") != 0) {
-        printf("  note: the device feature path fell back to %s: %s\n", r.path, dfl_spec_feature_note(s));
+        printf("  note: the device feature path fell back to %s: %s\n", r.path, spec_feature_note(s));
     }
     free(steps);
-    dfl_spec_free(s);
+    spec_free(s);
     return r;
 }
 

@@ -23,6 +23,8 @@ static int usage(FILE *out) {
             "  --max-queue N      waiting requests beyond the free sequences before 503 (default 256)\n"
             "  --timeout S        idle/stalled connection timeout and shutdown grace, seconds (default 600)\n"
             "  --max-body BYTES   largest request body (default 8388608; larger: 413)\n"
+            "  --prefill-chunk N  a joining prompt is prefilled N tokens per step, between the running\n"
+            "                     streams' steps (default 256; 0: the whole prompt at once)\n"
             "  --temp, --top-k, --top-p, --min-p, --repeat-penalty, --seed: defaults for requests that\n"
             "                     do not set them (the request's fields win)\n");
     cli_print_common_help(out);
@@ -51,7 +53,8 @@ int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout);
         long n;
         struct { const char *name; long lo, hi; } ints[] = {
-            {"--port", 0, 65535}, {"--max-queue", 0, 1 << 20}, {"--timeout", 1, 86400}, {"--max-body", 1024, INT_MAX}};
+            {"--port", 0, 65535}, {"--max-queue", 0, 1 << 20}, {"--timeout", 1, 86400}, {"--max-body", 1024, INT_MAX},
+            {"--prefill-chunk", 0, 1 << 20}};
         bool done = false;
         for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]); k++) {
             if (strcmp(a, ints[k].name) != 0) continue;
@@ -62,7 +65,8 @@ int cmd_serve(int argc, char **argv) {
             if (k == 0) so.port = (int)n;
             else if (k == 1) so.max_queue = (int32_t)n;
             else if (k == 2) so.timeout_s = (int32_t)n;
-            else so.max_body = (size_t)n;
+            else if (k == 3) so.max_body = (size_t)n;
+            else so.prefill_chunk = n;
             i++;
             done = true;
         }

@@ -251,7 +251,9 @@ async function partLossless() {
     'def read_config(path):', 'And the LORD spake unto Moses, saying,', 'import numpy as np\n', 'The quick brown fox',
     'class Stack:\n    def', 'for i in range(10):', 'In the beginning', 'Once upon a time', '#include <stdio.h>\n',
     'SELECT * FROM', 'The capital of France is', 'function add(a, b) {', 'Dear Sir,', 'def main():\n',
-    'Chapter 1\n\n', 'x = [1, 2, 3]\n',
+    'Chapter 1\n\n',
+    // a prompt longer than --prefill-chunk (256): prefilled over several steps beside the others
+    `values = [${Array.from({ length: 150 }, (_, i) => i * 7 % 101).join(', ')}]\n`,
   ];
   const N = 16;
   // the reference: `dflash generate` for each prompt (greedy)

@@ -142,6 +142,7 @@ void srv_opts_default(srv_opts *o) {
     o->max_queue = 256;
     o->timeout_s = 600;
     o->max_body = 8u << 20;
+    o->prefill_chunk = 256;
     o->max_conns = 1024;
 }
 
@@ -960,7 +961,7 @@ static void task_deliver(srv *s, srv_task *t) {
                                                              t->gen.include_usage));
         else task_append_text(t, out.text, out.text_len);
     }
-    if (out.state != DFL_SEQ_ACTIVE) {
+    if (out.state == DFL_SEQ_FINISHED || out.state == DFL_SEQ_IDLE) {
         task_finish(s, t, out.finish);
         return;
     }
@@ -990,7 +991,9 @@ static int64_t admit_one(srv *s) {
     if (t == NULL || s->n_running >= s->n_slots) return 0;
     const int32_t seq = pick_slot(s, t->prompt, t->n_prompt);
     if (seq < 0) return 0;
-    const int64_t n_prompt = t->n_prompt;
+    /* what seq_start decodes now: the whole prompt, or its first chunk */
+    const int64_t chunk = s->o->prefill_chunk;
+    const int64_t n_prompt = chunk > 0 && chunk < t->n_prompt ? chunk : t->n_prompt;
     s->q_head = t->next;
     if (s->q_head == NULL) s->q_tail = NULL;
     t->next = NULL;
@@ -1015,6 +1018,7 @@ static int64_t admit_one(srv *s) {
     sp.stop = (const char *const *)t->gen.stop;
     sp.n_stop = t->gen.n_stop;
     sp.ignore_eos = t->gen.ignore_eos;
+    sp.prefill_chunk = s->o->prefill_chunk;
     t->state = TASK_RUNNING;
     t->seq = seq;
     t->t_start = now_ms();

@@ -28,6 +28,7 @@ typedef struct srv_opts {
     int32_t timeout_s;         /* --timeout: idle / stalled connection and shutdown grace, seconds */
     size_t max_body;           /* --max-body: request body bytes before 413 */
     int32_t max_conns;         /* connections at once (beyond: closed at accept) */
+    int64_t prefill_chunk;     /* --prefill-chunk: prompt tokens per step for a joining request (0: all at once) */
 } srv_opts;
 
 void srv_opts_default(srv_opts *o);

@@ -147,8 +147,13 @@ TEST(serve_api_maps_request_fields) {
     CHECK(g.n_stop == 2 && strcmp(g.stop[1], "yy") == 0);
     CHECK_EQ_INT(g.max_tokens, 0);
     api_gen_free(&g);
-    REQUIRE(gen("{\"prompt\":[1,2,3],\"temperature\":null}", false, &g, &e) == 0);
+    REQUIRE(gen("{\"prompt\":[1,2,3],\"temperature\":null,\"logprobs\":2}", false, &g, &e) == 0);
     CHECK(g.prompt == NULL && g.n_prompt_tokens == 3 && g.prompt_tokens[2] == 3);
+    CHECK(g.logprobs && g.top_logprobs == 2);
+    api_gen_free(&g);
+    REQUIRE(gen("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":3}", true,
+                &g, &e) == 0);
+    CHECK(g.logprobs && g.top_logprobs == 3);
     api_gen_free(&g);
 }
 
@@ -163,7 +168,7 @@ TEST(serve_api_rejects_bad_fields) {
         {"{\"prompt\":\"a\",\"stop\":[\"\"]}", false, "stop", "1..256"},
         {"{\"prompt\":\"a\",\"n\":2}", false, "n", "only n = 1"},
         {"{\"prompt\":\"a\",\"stream\":1}", false, "stream", "boolean"},
-        {"{\"prompt\":\"a\",\"logprobs\":2}", false, "logprobs", "not supported"},
+        {"{\"prompt\":\"a\",\"logprobs\":6}", false, "logprobs", "[0, 5]"},
         {"{\"prompt\":\"\"}", false, "prompt", "empty"},
         {"{\"prompt\":[1,-2]}", false, "prompt", "token id"},
         {"{\"prompt\":{}}", false, "prompt", "non-empty"},
@@ -173,7 +178,9 @@ TEST(serve_api_rejects_bad_fields) {
         {"{\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}", true, "messages", "robot"},
         {"{\"messages\":[{\"role\":\"user\"}]}", true, "messages", "content is required"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", true, "messages", "only text"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", true, "logprobs", "not supported"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", true, "top_logprobs", "needs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", true,
+         "top_logprobs", "[0, 20]"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":3}", true, "stream_options", "object"},
         {"{\"model\":3,\"prompt\":\"a\"}", false, "model", "string"},
     };
@@ -207,7 +214,7 @@ TEST(serve_api_response_shapes) {
     u.completion_tokens = 3;
     u.n_steps = 2;
     u.n_accepted = 1;
-    char *r = api_response_json(&ids, "h\"i", 3, "length", &u);
+    char *r = api_response_json(&ids, "h\"i", 3, "length", &u, NULL);
     REQUIRE(r != NULL);
     CHECK_STR_CONTAINS(r, "\"object\":\"chat.completion\"");
     CHECK_STR_CONTAINS(r, "\"message\":{\"role\":\"assistant\",\"content\":\"h\\\"i\"}");
@@ -215,13 +222,13 @@ TEST(serve_api_response_shapes) {
     CHECK_STR_CONTAINS(r, "\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8");
     CHECK_STR_CONTAINS(r, "\"tau\":1.5");
     free(r);
-    r = api_chunk_json(&ids, true, "", 0, NULL, true);
+    r = api_chunk_json(&ids, true, "", 0, NULL, true, NULL);
     REQUIRE(r != NULL);
     CHECK_STR_CONTAINS(r, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}");
     CHECK_STR_CONTAINS(r, "\"finish_reason\":null");
     CHECK_STR_CONTAINS(r, "\"usage\":null");
     free(r);
-    r = api_chunk_json(&ids, false, "x", 1, "stop", false);
+    r = api_chunk_json(&ids, false, "x", 1, "stop", false, NULL);
     REQUIRE(r != NULL);
     CHECK_STR_CONTAINS(r, "\"delta\":{}");
     CHECK(strstr(r, "usage") == NULL);
@@ -231,7 +238,7 @@ TEST(serve_api_response_shapes) {
     CHECK_STR_CONTAINS(r, "\"choices\":[]");
     free(r);
     ids.chat = false;
-    r = api_chunk_json(&ids, false, "ab", 2, NULL, false);
+    r = api_chunk_json(&ids, false, "ab", 2, NULL, false, NULL);
     REQUIRE(r != NULL);
     CHECK_STR_CONTAINS(r, "\"object\":\"text_completion\"");
     CHECK_STR_CONTAINS(r, "\"text\":\"ab\"");

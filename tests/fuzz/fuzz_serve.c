@@ -37,8 +37,8 @@ static void check_body(const char *body, size_t len) {
         api_usage u;
         memset(&u, 0, sizeof(u));
         const char *txt = g.prompt ? g.prompt : "";
-        char *r = api_response_json(&ids, txt, strlen(txt), "stop", &u);
-        char *c = api_chunk_json(&ids, true, txt, strlen(txt), NULL, g.include_usage);
+        char *r = api_response_json(&ids, txt, strlen(txt), "stop", &u, NULL);
+        char *c = api_chunk_json(&ids, true, txt, strlen(txt), NULL, g.include_usage, NULL);
         /* NULL is allowed only where the text is not valid UTF-8 (jansson refuses it) */
         free(r);
         free(c);

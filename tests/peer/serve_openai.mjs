@@ -191,6 +191,32 @@ async function partApi() {
   for await (const ch of ss) stext += ch.choices[0]?.text ?? '';
   check('stop stream', stext === want && !stext.includes(stop), () => `${JSON.stringify(stext)} vs ${JSON.stringify(want)}`);
   ok('stop -> stop, stop string absent (stream and not)');
+  // logprobs: one entry per generated token; at T=0 the chosen token is the most likely one
+  const lpp = chatParams('Count to ten.', { max_tokens: 8, ignore_eos: true, logprobs: true, top_logprobs: 3 });
+  const lw = await c.chat.completions.create(lpp);
+  const lc = lw.choices[0].logprobs?.content;
+  check('logprobs', Array.isArray(lc) && lc.length === lw.usage.completion_tokens, () => JSON.stringify(lw.choices[0]));
+  for (const e of lc) {
+    check('logprobs entry', typeof e.token === 'string' && e.logprob <= 0 && Array.isArray(e.bytes) &&
+      e.top_logprobs.length === 3 && e.top_logprobs[0].token === e.token &&
+      Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6 && e.top_logprobs[1].logprob <= e.top_logprobs[0].logprob,
+      () => JSON.stringify(e));
+  }
+  if (!lc.some((e) => e.token.includes('\ufffd'))) {
+    check('logprobs tokens == text', lc.map((e) => e.token).join('') === lw.choices[0].message.content,
+      () => `${JSON.stringify(lc.map((e) => e.token))} vs ${JSON.stringify(lw.choices[0].message.content)}`);
+  }
+  const ls = await c.chat.completions.create({ ...lpp, stream: true });
+  const lsc = [];
+  for await (const ch of ls) lsc.push(...(ch.choices[0]?.logprobs?.content ?? []));
+  check('logprobs stream', lsc.length === lc.length && lsc.every((e, i) => e.token === lc[i].token &&
+    Math.abs(e.logprob - lc[i].logprob) < 1e-6), () => `${JSON.stringify(lsc)} vs ${JSON.stringify(lc)}`);
+  const cl = await c.completions.create({ ...cp, max_tokens: 6, ignore_eos: true, logprobs: 2 });
+  const clp = cl.choices[0].logprobs;
+  check('completions logprobs', clp && clp.tokens.length === 6 && clp.token_logprobs.length === 6 &&
+    clp.top_logprobs.length === 6 && Object.keys(clp.top_logprobs[0]).length >= 1 && clp.text_offset[0] === 0,
+    () => JSON.stringify(clp));
+  ok('logprobs (chat: stream == non-stream, top alternatives; completions shape)');
   // tokenize / detokenize round trip
   const tk = await (await fetch(`${s.base}/tokenize`, { method: 'POST', body: JSON.stringify({ content: 'hello world' }) })).json();
   check('tokenize', Array.isArray(tk.tokens) && tk.tokens.length > 0, JSON.stringify(tk));

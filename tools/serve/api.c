@@ -391,14 +391,16 @@ int api_parse_gen(const char *body, size_t len, bool chat, const dfl_vocab *voca
     if ((r = get_int(root, "n", 1, 128, &iv, err)) < 0) goto fail;
     if (r && iv != 1) BAD("n", "'n' is %lld; only n = 1 is supported", (long long)iv);
     if (chat) {
-        b = false;
-        if (get_bool(root, "logprobs", &b, err) < 0) goto fail;
-        if (b) BAD("logprobs", "logprobs are not supported by this server");
+        if (get_bool(root, "logprobs", &g->logprobs, err) < 0) goto fail;
         if ((r = get_int(root, "top_logprobs", 0, 20, &iv, err)) < 0) goto fail;
-        if (r && iv > 0) BAD("top_logprobs", "logprobs are not supported by this server");
+        if (r && !g->logprobs) BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        if (r) g->top_logprobs = (int32_t)iv;
     } else {
         if ((r = get_int(root, "logprobs", 0, 5, &iv, err)) < 0) goto fail;
-        if (r && iv > 0) BAD("logprobs", "logprobs are not supported by this server");
+        if (r) {
+            g->logprobs = true;
+            g->top_logprobs = (int32_t)iv;
+        }
         b = false;
         if (get_bool(root, "echo", &b, err) < 0) goto fail;
         if (b) BAD("echo", "echo is not supported by this server");
@@ -504,6 +506,120 @@ static char *dump(json_t *o) {
     return s;
 }
 
+/* A JSON string of the bytes, invalid UTF-8 replaced by U+FFFD (a token may end inside a
+ * character). */
+static json_t *lossy_string(const char *p, size_t n) {
+    json_t *j = json_stringn(p, n);
+    if (j != NULL) return j;
+    char *o = malloc(n * 3 + 1);
+    if (o == NULL) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = (unsigned char)p[i];
+        const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (len > 0 && i + len <= n) {
+            json_t *t = json_stringn(p + i, len);
+            if (t != NULL) {
+                json_decref(t);
+                memcpy(o + k, p + i, len);
+                k += len;
+                i += len;
+                continue;
+            }
+        }
+        memcpy(o + k, "\xEF\xBF\xBD", 3);
+        k += 3;
+        i++;
+    }
+    j = json_stringn(o, k);
+    free(o);
+    return j;
+}
+
+struct api_lp {
+    bool chat;
+    json_t *content;                            /* chat: [{token, logprob, bytes, top_logprobs}] */
+    json_t *tokens, *token_lps, *tops, *offsets; /* completions */
+    int64_t offset;                             /* completions: bytes of text so far */
+};
+
+api_lp *api_lp_new(bool chat) {
+    api_lp *lp = calloc(1, sizeof(*lp));
+    if (lp == NULL) return NULL;
+    lp->chat = chat;
+    lp->content = json_array();
+    lp->tokens = json_array();
+    lp->token_lps = json_array();
+    lp->tops = json_array();
+    lp->offsets = json_array();
+    return lp;
+}
+
+void api_lp_free(api_lp *lp) {
+    if (lp == NULL) return;
+    json_decref(lp->content);
+    json_decref(lp->tokens);
+    json_decref(lp->token_lps);
+    json_decref(lp->tops);
+    json_decref(lp->offsets);
+    free(lp);
+}
+
+/* -inf is not JSON: OpenAI reports -9999 for tokens the model gives no probability */
+static double finite_lp(float v) {
+    return isfinite(v) ? (double)v : -9999.0;
+}
+
+static json_t *token_entry(const dfl_vocab *vocab, int32_t tok, float logprob, size_t *n_bytes) {
+    char piece[256];
+    int64_t pl = dfl_token_to_piece(vocab, tok, piece, sizeof(piece), true);
+    if (pl < 0) pl = 0;
+    json_t *bytes = json_array();
+    for (int64_t k = 0; k < pl; k++) json_array_append_new(bytes, json_integer((unsigned char)piece[k]));
+    if (n_bytes != NULL) *n_bytes = (size_t)pl;
+    return json_pack("{s:o, s:f, s:o}", "token", lossy_string(piece, (size_t)pl), "logprob", finite_lp(logprob),
+                     "bytes", bytes);
+}
+
+void api_lp_add(api_lp *lp, const dfl_vocab *vocab, const int32_t *tokens, int64_t n, const float *logprobs,
+                const int32_t *top_ids, const float *top_logprobs, int32_t n_top) {
+    if (lp == NULL || logprobs == NULL) return;
+    for (int64_t i = 0; i < n; i++) {
+        size_t nb = 0;
+        json_t *e = token_entry(vocab, tokens[i], logprobs[i], &nb);
+        if (lp->chat) {
+            json_t *tops = json_array();
+            for (int32_t k = 0; k < n_top && top_ids != NULL; k++) {
+                json_array_append_new(tops, token_entry(vocab, top_ids[i * n_top + k], top_logprobs[i * n_top + k],
+                                                        NULL));
+            }
+            json_object_set_new(e, "top_logprobs", tops);
+            json_array_append_new(lp->content, e);
+            continue;
+        }
+        json_array_append(lp->tokens, json_object_get(e, "token"));
+        json_array_append_new(lp->token_lps, json_real(finite_lp(logprobs[i])));
+        json_t *tops = json_object();
+        for (int32_t k = 0; k < n_top && top_ids != NULL; k++) {
+            json_t *te = token_entry(vocab, top_ids[i * n_top + k], top_logprobs[i * n_top + k], NULL);
+            json_t *tt = json_object_get(te, "token");
+            if (json_is_string(tt)) json_object_set_new(tops, json_string_value(tt), json_real(finite_lp(top_logprobs[i * n_top + k])));
+            json_decref(te);
+        }
+        json_array_append_new(lp->tops, tops);
+        json_array_append_new(lp->offsets, json_integer(lp->offset));
+        lp->offset += (int64_t)nb;
+        json_decref(e);
+    }
+}
+
+static json_t *lp_json(const api_lp *lp) {
+    if (lp == NULL) return json_null();
+    if (lp->chat) return json_pack("{s:O, s:n}", "content", lp->content, "refusal");
+    return json_pack("{s:O, s:O, s:O, s:O}", "tokens", lp->tokens, "token_logprobs", lp->token_lps, "top_logprobs",
+                     lp->tops, "text_offset", lp->offsets);
+}
+
 static json_t *usage_obj(const api_usage *u) {
     const double tau = u->n_steps > 0 ? (double)(u->n_accepted + u->n_steps) / (double)u->n_steps : 0.0;
     const double tps = u->predicted_ms > 0 ? (double)u->completion_tokens / (u->predicted_ms / 1e3) : 0.0;
@@ -531,12 +647,12 @@ static void hoist_timings(json_t *resp, json_t *usage) {
 }
 
 char *api_response_json(const api_ids *ids, const char *text, size_t text_len, const char *finish,
-                        const api_usage *u) {
+                        const api_usage *u, const api_lp *lp) {
     json_t *choice = ids->chat
-        ? json_pack("{s:i, s:{s:s, s:s%}, s:n, s:o}", "index", 0, "message", "role", "assistant", "content", text,
-                    text_len, "logprobs", "finish_reason", str_or_null(finish))
-        : json_pack("{s:i, s:s%, s:n, s:o}", "index", 0, "text", text, text_len, "logprobs", "finish_reason",
-                    str_or_null(finish));
+        ? json_pack("{s:i, s:{s:s, s:s%}, s:o, s:o}", "index", 0, "message", "role", "assistant", "content", text,
+                    text_len, "logprobs", lp_json(lp), "finish_reason", str_or_null(finish))
+        : json_pack("{s:i, s:s%, s:o, s:o}", "index", 0, "text", text, text_len, "logprobs", lp_json(lp),
+                    "finish_reason", str_or_null(finish));
     json_t *usage = usage_obj(u);
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", ids->id, "object",
                           ids->chat ? "chat.completion" : "text_completion", "created", (json_int_t)ids->created,
@@ -546,17 +662,17 @@ char *api_response_json(const api_ids *ids, const char *text, size_t text_len, c
 }
 
 char *api_chunk_json(const api_ids *ids, bool role, const char *text, size_t text_len, const char *finish,
-                     bool include_usage) {
+                     bool include_usage, const api_lp *lp) {
     json_t *choice;
     if (ids->chat) {
         json_t *delta = json_object();
         if (delta != NULL && role) json_object_set_new(delta, "role", json_string("assistant"));
         if (delta != NULL && finish == NULL) json_object_set_new(delta, "content", json_stringn(text, text_len));
-        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs", "finish_reason",
-                           str_or_null(finish));
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs", lp_json(lp),
+                           "finish_reason", str_or_null(finish));
     } else {
-        choice = json_pack("{s:i, s:s%, s:n, s:o}", "index", 0, "text", finish ? "" : text, finish ? 0 : text_len,
-                           "logprobs", "finish_reason", str_or_null(finish));
+        choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", 0, "text", finish ? "" : text, finish ? 0 : text_len,
+                           "logprobs", lp_json(lp), "finish_reason", str_or_null(finish));
     }
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", ids->id, "object",
                           ids->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)ids->created,

@@ -43,6 +43,8 @@ typedef struct api_gen {
     char *stop[API_MAX_STOP];
     int32_t n_stop;
     bool ignore_eos;         /* llama-server's extension: end-of-generation tokens do not stop */
+    bool logprobs;           /* chat: logprobs true; completions: logprobs given (an integer) */
+    int32_t top_logprobs;    /* alternatives per position (chat: top_logprobs; completions: logprobs), 0..20 */
     char model[256];         /* as asked ("" if absent) */
 } api_gen;
 
@@ -75,16 +77,27 @@ typedef struct api_usage {
     int64_t n_steps, n_drafts, n_draft_tokens, n_accepted;
 } api_usage;
 
+/* Log-probabilities of generated tokens, gathered for one response or one stream chunk, in the
+ * chat shape ({"content": [{token, logprob, bytes, top_logprobs}]}) or the completions shape
+ * ({tokens, token_logprobs, top_logprobs, text_offset}). */
+typedef struct api_lp api_lp;
+api_lp *api_lp_new(bool chat);
+void api_lp_free(api_lp *lp);
+/* Appends n tokens with their log-probabilities and n_top alternatives each ([n, n_top]). */
+void api_lp_add(api_lp *lp, const dfl_vocab *vocab, const int32_t *tokens, int64_t n, const float *logprobs,
+                const int32_t *top_ids, const float *top_logprobs, int32_t n_top);
+
 /* "stop", "length" or NULL (JSON null) for the finish reason enum values. */
 const char *api_finish_name(dfl_finish_reason f);
 
 /* Whole (non-streamed) response. */
 char *api_response_json(const api_ids *ids, const char *text, size_t text_len, const char *finish,
-                        const api_usage *u);
+                        const api_usage *u, const api_lp *lp);
 /* One stream chunk: text delta (role: the chat's first chunk carries the assistant role), or the
- * finish chunk (finish != NULL, empty delta), with "usage": null when include_usage. */
+ * finish chunk (finish != NULL, empty delta), with "usage": null when include_usage; lp: the
+ * delta's log-probabilities (NULL: "logprobs": null). */
 char *api_chunk_json(const api_ids *ids, bool role, const char *text, size_t text_len, const char *finish,
-                     bool include_usage);
+                     bool include_usage, const api_lp *lp);
 /* The final usage chunk ("choices": []). */
 char *api_usage_chunk_json(const api_ids *ids, const api_usage *u);
 /* /tokenize's answer: {"tokens": [ids]} or, with pieces, [{"id": N, "piece": string, or the bytes

@@ -70,6 +70,7 @@ struct srv_task {
     size_t text_len, text_cap;
     int64_t n_out;            /* tokens delivered */
     bool sent_first;
+    api_lp *lp;               /* non-streamed with logprobs: the whole response's */
     srv_task *next;           /* queue link */
 };
 
@@ -290,6 +291,7 @@ static void send_event(srv_conn *c, bool chunked, const char *json, size_t len) 
 static void task_free(srv_task *t) {
     if (t == NULL) return;
     api_gen_free(&t->gen);
+    api_lp_free(t->lp);
     free(t->prompt);
     free(t->text);
     free(t);
@@ -883,13 +885,14 @@ static void task_finish(srv *s, srv_task *t, dfl_finish_reason fin) {
     u.n_accepted = st.n_accepted;
     const char *fname = api_finish_name(fin);
     if (t->gen.stream) {
-        emit_json_event(t, api_chunk_json(&t->ids, false, "", 0, fname ? fname : "stop", t->gen.include_usage));
+        emit_json_event(t, api_chunk_json(&t->ids, false, "", 0, fname ? fname : "stop", t->gen.include_usage, NULL));
         if (t->gen.include_usage) emit_json_event(t, api_usage_chunk_json(&t->ids, &u));
         if (t->chunked) out_printf(c, "%x\r\ndata: [DONE]\n\n\r\n0\r\n\r\n", 14);
         else out_printf(c, "data: [DONE]\n\n");
         if (!(t->keep_alive && t->chunked)) c->close_after = true;
     } else {
-        send_json(s, c, 200, api_response_json(&t->ids, t->text ? t->text : "", t->text_len, fname ? fname : "stop", &u),
+        send_json(s, c, 200,
+                  api_response_json(&t->ids, t->text ? t->text : "", t->text_len, fname ? fname : "stop", &u, t->lp),
                   t->keep_alive);
     }
     s->m.n_success++;
@@ -956,10 +959,18 @@ static void task_deliver(srv *s, srv_task *t) {
         }
     }
     t->n_out += out.n_tokens;
-    if (out.text_len > 0) {
-        if (t->gen.stream) emit_json_event(t, api_chunk_json(&t->ids, false, out.text, out.text_len, NULL,
-                                                             t->gen.include_usage));
-        else task_append_text(t, out.text, out.text_len);
+    const dfl_vocab *v = dfl_engine_vocab(s->engine);
+    if (t->gen.stream) {
+        /* a chunk per delta; with logprobs also for tokens whose text is still held back */
+        if (out.text_len > 0 || (t->gen.logprobs && out.n_tokens > 0)) {
+            api_lp *lp = t->gen.logprobs ? api_lp_new(t->ids.chat) : NULL;
+            api_lp_add(lp, v, out.tokens, out.n_tokens, out.logprobs, out.top_ids, out.top_logprobs, out.n_top);
+            emit_json_event(t, api_chunk_json(&t->ids, false, out.text, out.text_len, NULL, t->gen.include_usage, lp));
+            api_lp_free(lp);
+        }
+    } else {
+        task_append_text(t, out.text, out.text_len);
+        api_lp_add(t->lp, v, out.tokens, out.n_tokens, out.logprobs, out.top_ids, out.top_logprobs, out.n_top);
     }
     if (out.state == DFL_SEQ_FINISHED || out.state == DFL_SEQ_IDLE) {
         task_finish(s, t, out.finish);
@@ -1019,6 +1030,9 @@ static int64_t admit_one(srv *s) {
     sp.n_stop = t->gen.n_stop;
     sp.ignore_eos = t->gen.ignore_eos;
     sp.prefill_chunk = s->o->prefill_chunk;
+    sp.logprobs = t->gen.logprobs;
+    sp.n_top_logprobs = t->gen.top_logprobs;
+    if (t->gen.logprobs && !t->gen.stream && t->lp == NULL) t->lp = api_lp_new(t->ids.chat);
     t->state = TASK_RUNNING;
     t->seq = seq;
     t->t_start = now_ms();
@@ -1048,7 +1062,7 @@ static int64_t admit_one(srv *s) {
         return n_prompt;
     }
     if (t->gen.stream && t->ids.chat) {
-        emit_json_event(t, api_chunk_json(&t->ids, true, "", 0, NULL, t->gen.include_usage));
+        emit_json_event(t, api_chunk_json(&t->ids, true, "", 0, NULL, t->gen.include_usage, NULL));
     }
     task_deliver(s, t);
     return n_prompt;

@@ -197,8 +197,8 @@ DFL_API const char *dfl_arch_name(dfl_arch arch);
 
 /* A batch: a table of entries, one row per token slot (like llama.cpp's llama_batch).
  * Each entry carries a token id, an embedding, or both ("mixed"), optionally a state embedding,
- * OR an embd row (its input is row `embd_row` of the other context's feature buffer, SPEC
- * section 4). All memory is allocated by dfl_batch_init for n_tokens_max entries; adding never
+ * OR an embd row (its input is row `embd_row` of the other context's feature buffer, docs/
+ * feature-protocol.md). All memory is allocated by dfl_batch_init for n_tokens_max entries; adding never
  * allocates. The arrays are public and may be filled directly; a context validates the whole
  * batch before it changes anything (an invalid batch is rejected with a message naming the
  * entry, and nothing is half-applied). */
@@ -413,6 +413,9 @@ typedef struct dfl_engine_params {
     dfl_feature_path features;/* default DFL_FEATURES_DEVICE (falls back to host copies) */
     dfl_feature_wait wait;
     size_t feature_buffer_max;/* bytes; above it features go through host memory; 0: no cap */
+    /* optional: an engine whose backend (thread pool or device queue owner) this one shares; it
+     * must outlive this engine */
+    const dfl_engine *share_backend;
     /* optional: replaces a sequence's drafts (tests, other drafting strategies; lossless) */
     void (*draft_hook)(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
     void *draft_hook_user;

@@ -19,13 +19,13 @@
 #include "test.h"
 #include "test_util.h"
 #include "test_views.h"
-#include "speculative/session.h"
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops_ref.h"
 #include "base/error.h"
 #include "base/fp16.h"
 #include "dflash.h"
+#include "speculative/session.h"
 #ifdef DFL_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h"
 #endif

@@ -1,6 +1,6 @@
 /* test_backend_queue.c: CPU backend buffers, queues and events, in synchronous and asynchronous
  * queue mode: host <-> buffer copies, in-order execution of enqueued ops, event record / device-side
- * wait / host wait across two queues (the feature handoff pattern of SPEC section 4), a ring that
+ * wait / host wait across two queues (the feature handoff pattern of docs/feature-protocol.md), a ring that
  * fills up, and creation errors. `make tsan` runs these under ThreadSanitizer. */
 #include "test.h"
 
@@ -100,7 +100,7 @@ TEST(backend_queue_in_order) {
     chain_case(t, true);
 }
 
-/* Two queues, the handoff of SPEC section 4: the producer writes a buffer and records `written`;
+/* Two queues, the handoff of docs/feature-protocol.md: the producer writes a buffer and records `written`;
  * the consumer host-waits `written`, reads the rows, records `read`; the producer waits `read` on
  * its queue (device-side) before overwriting. Each round's values must arrive intact. */
 static void handoff_case(test_ctx *t, bool async) {

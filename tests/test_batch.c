@@ -1,4 +1,4 @@
-/* test_batch.c: the dfl_batch table, one test per validation rule of SPEC section 4 (status and
+/* test_batch.c: the dfl_batch table, one test per validation rule of docs/batch.md (status and
  * the message naming the entry and the reason), and the in-order micro-batch split. */
 #include "test.h"
 

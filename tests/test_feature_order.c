@@ -1,4 +1,4 @@
-/* test_feature_order.c: the feature-buffer ordering protocol (SPEC section 4) on asynchronous
+/* test_feature_order.c: the feature-buffer ordering protocol (docs/feature-protocol.md) on asynchronous
  * CPU queues (a worker thread per queue, like GPU streams) with random delays injected into the
  * workers: over 1,000+ speculative steps on several sequences, the drafts (which depend on the
  * features the drafter read) and the outputs equal a synchronous run's. With a test-only fault

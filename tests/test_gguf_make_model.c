@@ -1,5 +1,5 @@
 /* test_gguf_make_model.c: `dflash make-test-model`: the files it writes are deterministic per
- * seed, have the SPEC shapes and keys, load with dfl_model_load, carry a consistent test
+ * seed, have the shapes and keys of docs/target.md and docs/drafter.md, load with dfl_model_load, carry a consistent test
  * vocabulary, and bad option combinations are refused with a clear message. */
 #include "test.h"
 #include "gguf/gguf.h"

@@ -179,6 +179,7 @@ static bool bench_spec(bench *b, const int32_t *prompt, int64_t n_prompt) {
         dfl_engine_params ep = cli_engine_params(&b->o);
         ep.features = paths[f];
         ep.wait = waits[f];
+        ep.share_backend = b->plain; /* one thread pool for every engine of the run */
         eng[f] = dfl_engine_new_from_models(b->s.target, b->s.drafter, b->s.vocab, &ep, &err);
         if (eng[f] == NULL) {
             fprintf(stderr, "dflash bench: %s\n", err.msg);
@@ -320,6 +321,8 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     dfl_error err = {0};
+    dfl_engine_free(b.s.engine); /* the bench builds its own engines (one backend for all) */
+    b.s.engine = NULL;
     dfl_engine_params ep = cli_engine_params(&b.o);
     b.plain = dfl_engine_new_from_models(b.s.target, NULL, b.s.vocab, &ep, &err);
     dfl_context_params cp = dfl_context_default_params();

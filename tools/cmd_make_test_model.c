@@ -2,7 +2,7 @@
  * and a DFlash drafter for it, both carrying the small test BPE vocabulary (tools/test_vocab.c).
  * Weights are ~N(0, std) from a seeded xoshiro256** stream per tensor (same seed -> identical
  * bytes), norms are around 1.0; 2D matrices use the chosen type, norms stay f32. Shapes and keys
- * follow shared/SPEC.md sections 2 and 3 (ne[0] is the input dimension). */
+ * follow docs/target.md and docs/drafter.md (ne[0] is the input dimension). */
 #define _POSIX_C_SOURCE 200809L
 #include "cmds.h"
 #include "test_vocab.h"

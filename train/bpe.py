@@ -1,6 +1,6 @@
 """bpe.py: byte-level BPE vocabulary for the embedded default model pair (trainer + encoder).
 
-Byte-level as GPT-2/Qwen2: text is NFC-normalized (SPEC section 5), split by the Qwen2
+Byte-level as GPT-2/Qwen2: text is NFC-normalized (docs/target.md, "Tokenizer keys"), split by the Qwen2
 pre-tokenizer regex, each piece's UTF-8 bytes are mapped to printable characters with GPT-2's
 bytes_to_unicode table, and merges are learned greedily by pair frequency (ties broken by the
 pair's strings, so a run is deterministic). Token ids: 0..255 are the 256 byte symbols (in
@@ -21,7 +21,7 @@ import unicodedata
 
 import regex
 
-# Qwen2 pre-tokenizer (tokenizer.json of Qwen2/Qwen3), SPEC section 5
+# Qwen2 pre-tokenizer (tokenizer.json of Qwen2/Qwen3), docs/target.md
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_RE = regex.compile(QWEN2_PATTERN)

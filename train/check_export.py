@@ -1,5 +1,5 @@
 """check_export.py: the exported GGUF pair against the PyTorch models, through the independent
-numpy reference (tests/ref/model_np.py, written from SPEC.md, float64).
+numpy reference (tests/ref/model_np.py, written from docs/, float64).
 
     /usr/bin/python3 train/check_export.py --work train/work --models models
 

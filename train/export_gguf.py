@@ -2,7 +2,7 @@
 
     /usr/bin/python3 train/export_gguf.py --work train/work --out models
 
-A small GGUF v3 writer (little-endian, alignment 32) with the keys and tensor names of SPEC.md
+A small GGUF v3 writer (little-endian, alignment 32) with the keys and tensor names of docs/target.md and docs/drafter.md
 sections 1-3. 2-D weights are F16, 1-D norms F32 (llama.cpp's convention). A torch Linear weight
 (n_out, n_in) is written as-is: GGUF ne = [n_in, n_out]. The target's output head is tied to
 token_embd (no output.weight); the drafter has no token_embd/output (it uses the target's).

@@ -1,6 +1,6 @@
 """model.py: PyTorch Qwen3 target and DFlash drafter of the embedded default pair.
 
-Semantics are SPEC.md sections 2-3 (the same as tests/ref/model_np.py and the C engine):
+Semantics are docs/target.md and docs/drafter.md (the same as tests/ref/model_np.py and the C engine):
   target  per layer: x += Wo attn(rope_neox(qk_norm(Wq/Wk rmsnorm(x)))), x += Wdown(silu(Wg h)*(Wu h));
           logits = Wout(rmsnorm(x)); output head tied to token_embd (no output.weight).
   drafter fc over the target's layer inputs at target_layers (id L = residual entering target

@@ -1,4 +1,4 @@
-"""spec_eval.py: greedy speculative decoding in PyTorch (SPEC section 3) and the held-out tau.
+"""spec_eval.py: greedy speculative decoding in PyTorch (docs/drafter.md) and the held-out tau.
 
     /usr/bin/python3 train/spec_eval.py --work train/work [--n-prompts 12] [--n-gen 128] [--block 16]
 

@@ -1,5 +1,5 @@
 /* batch.c: the dfl_batch table (allocation at init, allocation-free adders), its validation
- * against a context's limits (SPEC section 4) and the in-order micro-batch split. */
+ * against a context's limits (docs/batch.md) and the in-order micro-batch split. */
 #include "batch/batch.h"
 
 #include "base/error.h"

@@ -1,4 +1,4 @@
-/* batch.h: batch validation against a context's limits (SPEC section 4) and the micro-batch
+/* batch.h: batch validation against a context's limits (docs/batch.md) and the micro-batch
  * split. The dfl_batch table itself and its adders are public (include/dflash.h).
  *
  * Contract: a context calls batch_validate on the whole batch BEFORE it changes anything (KV
@@ -22,7 +22,7 @@ typedef struct batch_limits {
     bool encode_only;         /* an encode-only call: embd-row batches are rejected */
 } batch_limits;
 
-/* Checks every rule of SPEC section 4 and returns DFL_OK, DFL_ERR_INVALID (bad entry; the
+/* Checks every rule of docs/batch.md and returns DFL_OK, DFL_ERR_INVALID (bad entry; the
  * message names the entry index and the reason) or DFL_ERR_CTX_FULL (a sequence would exceed
  * n_ctx). The rules, in the order they are checked:
  *  - the batch is not empty and not larger than n_batch; its n_pos_sections matches the context,

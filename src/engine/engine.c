@@ -249,6 +249,7 @@ dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, co
     cp.kv_f32 = p.kv_f32;
     cp.async = p.async;
     cp.device = p.device;
+    cp.share_backend = p.share_backend != NULL ? p.share_backend->tctx : NULL;
     if (drafter != NULL) {
         const dfl_hparams *dh = dfl_model_hparams(drafter);
         cp.n_capture = (int32_t)dh->n_target_layers;
@@ -386,16 +387,18 @@ static void logprobs_of(const float *l, int64_t n_vocab, int32_t tok, int32_t n_
     for (int64_t v = 0; v < n_vocab; v++) sum += exp((double)l[v] - (double)mx);
     const double lse = (double)mx + log(sum);
     *lp = (float)((double)l[tok] - lse);
-    for (int32_t k = 0; k < n_top; k++) {
-        int64_t best = -1;
-        for (int64_t v = 0; v < n_vocab; v++) {
-            bool taken = false;
-            for (int32_t j = 0; j < k && !taken; j++) taken = top_id[j] == v;
-            if (!taken && (best < 0 || l[v] > l[best])) best = v;
+    /* one pass keeping the n_top best sorted (insertion; ties keep the lower id first) */
+    int32_t n = 0;
+    for (int64_t v = 0; v < n_vocab && n_top > 0; v++) {
+        if (n == n_top && !(l[v] > l[top_id[n - 1]])) continue;
+        int32_t k = n < n_top ? n++ : n_top - 1;
+        while (k > 0 && l[v] > l[top_id[k - 1]]) {
+            top_id[k] = top_id[k - 1];
+            k--;
         }
-        top_id[k] = (int32_t)best;
-        top_lp[k] = (float)((double)l[best] - lse);
+        top_id[k] = (int32_t)v;
     }
+    for (int32_t k = 0; k < n; k++) top_lp[k] = (float)((double)l[top_id[k]] - lse);
 }
 
 static dfl_status out_token(dfl_engine *e, eng_seq *q, int32_t tok, const float *logits, dfl_error *err) {

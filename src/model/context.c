@@ -147,7 +147,7 @@ void context_test_set_faults(dfl_context *ctx, uint32_t faults) {
 }
 #endif
 
-/* A drafter context needs a target context that fits it (SPEC section 3, issue: pairing). */
+/* A drafter context needs a target context that fits it (docs/drafter.md). */
 static dfl_status drafter_check_target(const dfl_model *d, const dfl_context_params *p, dfl_error *err) {
     const dfl_hparams *hp = &d->hp;
     if (p->target == NULL) {

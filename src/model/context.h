@@ -132,7 +132,7 @@ struct dfl_context {
 /* forward.c: one micro-batch through the target model (rows already validated). */
 dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64_t n_out_before, dfl_error *err);
 
-/* speculative/drafter.c: the DFlash drafter (SPEC section 3). */
+/* speculative/drafter.c: the DFlash drafter (docs/drafter.md). */
 /* The drafter's own state, created with a drafter context for its target (NULL + err on
  * failure), and freed with it. */
 drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error *err);

@@ -1,4 +1,4 @@
-/* forward.c: the Qwen3 / Llama forward pass over one micro-batch (SPEC section 2), written once
+/* forward.c: the Qwen3 / Llama forward pass over one micro-batch (docs/target.md), written once
  * as per-layer code over backend ops enqueued on the context's queue:
  *
  *   x  = token_embd[ids]                                  (or the entries' embeddings)

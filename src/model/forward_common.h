@@ -27,7 +27,7 @@ void fwd_attention_block(dfl_context *ctx, int64_t il, tensor x, int64_t n, int6
 /* x += Wdown(silu(Wgate h) * Wup h), h = rmsnorm(x) * ffn_norm. */
 void fwd_ffn_block(dfl_context *ctx, int64_t il, tensor x, int64_t n);
 /* K/V of layer il from hidden rows h [n_embd, n] (no attn_norm), roped at pos, into the cache:
- * the DFlash context injection (SPEC section 3 step 3) and the K/V part of the attention block. */
+ * the DFlash context injection (docs/drafter.md, "Feeding the drafter") and the K/V part of the attention block. */
 void fwd_write_kv(dfl_context *ctx, int64_t il, tensor h, int64_t n);
 
 #endif

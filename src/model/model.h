@@ -32,7 +32,7 @@ typedef struct model_layer {
     const gguf_tensor *ffn_down;    /* [n_ff, n_embd] */
 } model_layer;
 
-/* Drafter-only settings (SPEC section 3). */
+/* Drafter-only settings (docs/drafter.md). */
 typedef struct model_dflash {
     bool causal;                    /* dflash.attention.causal (default false: non-causal block) */
     int64_t sliding_window;         /* 0 = none */

@@ -1,4 +1,4 @@
-/* spec_verify.h: lossless speculative verification (SPEC section 3, "Sampling (T > 0)"), a pure
+/* spec_verify.h: lossless speculative verification (docs/drafter.md, "Verification"), a pure
  * function of the drafts, the draft and target distributions and a generator.
  *
  * Indexing. The context is committed up to the last token `last`; the drafter proposed
@@ -12,7 +12,7 @@
  * rejection draw the next token from normalize(max(0, p_i - q_i)) (with one-hot q: p_i with d
  * removed, renormalized) and stop; if all n are accepted draw the bonus token from p_n.
  * The emitted tokens are d_1..d_a then next_token, distributed exactly as sampling the target.
- * Greedy: with one-hot p rows (a greedy sampler), this is exactly SPEC's argmax rule: a = the
+ * Greedy: with one-hot p rows (a greedy sampler), this is exactly the greedy argmax rule: a = the
  * longest prefix with d_{i+1} == argmax p_i, next_token = argmax p_a. */
 #ifndef DFL_SAMPLE_SPEC_VERIFY_H
 #define DFL_SAMPLE_SPEC_VERIFY_H

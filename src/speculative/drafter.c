@@ -1,4 +1,4 @@
-/* drafter.c: the DFlash drafter forward (SPEC section 3), over the same per-layer code as the
+/* drafter.c: the DFlash drafter forward (docs/drafter.md), over the same per-layer code as the
  * target (forward_common.c):
  *
  *   inject (per committed target token at position p, features f_raw[p] = [x_L0 | x_L1 | ...]):

@@ -1,4 +1,4 @@
-/* session.c: the DFlash speculative state machine (SPEC section 3) over a target context and a
+/* session.c: the DFlash speculative state machine (docs/drafter.md) over a target context and a
  * drafter context. Several sequences advance together: one drafter pass drafts a block for
  * every active sequence (each its own length), one target batch verifies them all. Every
  * sequence samples and verifies with its own sampler, through the same transform chain as plain

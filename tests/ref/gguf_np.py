@@ -1,6 +1,6 @@
 """gguf_np.py: a small, independent GGUF v3 reader for the numpy reference (testing layer 2).
 
-Written from SPEC.md section 1 only. Reads the header, every KV type (nested arrays included),
+Written from the format description (docs/gguf.md) only. Reads the header, every KV type (nested arrays included),
 the tensor infos and the data section; returns KVs as a dict and tensors as numpy float32
 arrays whose shape is the GGUF `ne` reversed (ne=[n_in, n_out] -> array (n_out, n_in)).
 Block formats are dequantized by quant_np.dequantize(ggml_type, raw, n).

@@ -1,6 +1,6 @@
 """model_np.py: independent numpy reference of the dflash forward passes (testing layer 2).
 
-Written from SPEC.md sections 2-3 only (not from the C code). Computes in float64 by default
+Written from docs/target.md and docs/drafter.md only (not from the C code). Computes in float64 by default
 (`dtype=np.float32` is accepted for speed); weights are dequantized to float32 by gguf_np /
 quant_np and then widened, so quantized files are compared on identical weight values.
 
@@ -22,7 +22,7 @@ quant_np and then widened, so quantized files are compared on identical weight v
 Conventions: a weight with GGUF ne=[n_in, n_out] is a numpy (n_out, n_in) array, y = x @ W.T.
 Activations are (n_tokens, ...) row-major. RoPE: NEOX (pairs (i, i+n_rot/2)) for qwen3 and the
 drafter; llama uses llama.cpp's NORM mode (adjacent pairs (2i, 2i+1)) by default, because real
-llama GGUFs are converted for it (SPEC.md says NEOX for both; Target(rope_mode=...) overrides).
+llama GGUFs are converted for it (Target(rope_mode=...) overrides).
 """
 
 import numpy as np
@@ -550,7 +550,7 @@ class Drafter:
 
 
 # ---------------------------------------------------------------------------------------------
-# greedy speculative loop (SPEC section 3 "Verification and rollback")
+# greedy speculative loop (docs/drafter.md, "Verification (greedy)")
 # ---------------------------------------------------------------------------------------------
 
 class SpecResult:

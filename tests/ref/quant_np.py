@@ -1,7 +1,7 @@
 """quant_np.py: an independent numpy implementation of the ggml block formats dflash reads
 (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K) and writes (F32, F16, BF16, Q8_0, Q4_0).
 
-Written from the format descriptions (SPEC.md section 1, llama.cpp's ggml-quants.c), not from
+Written from the format descriptions (docs/gguf.md, llama.cpp's ggml-quants.c), not from
 src/quant/: blocks are numpy structured arrays and every format is dequantized with whole-array
 operations. All arithmetic is float32 with the same products as ggml, so results are bit-exact.
 

@@ -31,7 +31,7 @@ Commands:
            n..n+B-1. last defaults to the target's greedy token after the prompt. Rows: slots
            1..B-1. JSON: start, last, block_size, draft_tokens, logits (or top_ids/top_vals).
   spec     --target T.gguf --drafter D.gguf --tokens 1,2,3 -n N [--block B] [--check]
-           Greedy speculative decoding (SPEC section 3). JSON: tokens (N ids), accepted (per step,
+           Greedy speculative decoding (docs/drafter.md). JSON: tokens (N ids), accepted (per step,
            number a of accepted draft tokens, 0..B-1), tau (mean of a+1; null if no step), steps,
            drafts (per step the B-1 drafted ids). --check also runs target-alone greedy and adds
            "greedy_equal" (exit 1 when false).

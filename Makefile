@@ -22,11 +22,14 @@ NVCC  := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/d
 CLANG := $(shell command -v clang 2>/dev/null)
 
 LIB_SRC   := $(sort $(shell find src -name '*.c' -not -path 'src/backend/cuda/*'))
-TOOL_SRC  := $(sort $(wildcard tools/*.c))
+# `dflash serve` (tools/serve/) links jansson; only the CLI and the tests do, never the library
+SERVE_SRC := $(sort $(wildcard tools/serve/*.c))
+SERVE_LIBS = -ljansson
+TOOL_SRC  := $(sort $(wildcard tools/*.c)) $(SERVE_SRC)
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/%.o)
-TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/runner.o
+TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/runner.o $(SERVE_SRC:%.c=$(BUILD)/test-obj/%.o)
 # The test runner links a variant of the library built with -DDFL_TEST_HOOKS (fault injection for
 # the ordering tests); the release library and CLI never contain the hooks.
 TLIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/test-obj/%.o)
@@ -127,7 +130,7 @@ $(BUILD)/libdflash.so: $(LIB_OBJ)
 # compile of the sources per sanitizer).
 CLI_LIB ?= $(BUILD)/libdflash.a
 $(BUILD)/dflash: $(TOOL_OBJ) $(CLI_LIB)
-	$(CC) $(ALL_CFLAGS) -o $@ $(TOOL_OBJ) $(CLI_LIB) $(LDFLAGS) $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -o $@ $(TOOL_OBJ) $(CLI_LIB) $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
 
 $(BUILD)/tests/test_list.h: $(TEST_SRC) tests/gen_list.sh
 	@mkdir -p $(dir $@)
@@ -138,7 +141,7 @@ $(BUILD)/tests/runner.o: tests/runner.c $(BUILD)/tests/test_list.h
 	$(CC) $(ALL_CFLAGS) -DDFL_TEST_HOOKS -I$(BUILD)/tests -c $< -o $@
 
 $(BUILD)/dflash-tests: $(TEST_OBJ) $(BUILD)/libdflash-test.a
-	$(CC) $(ALL_CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libdflash-test.a $(LDFLAGS) $(LDLIBS) $(TEST_LDLIBS)
+	$(CC) $(ALL_CFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libdflash-test.a $(LDFLAGS) $(LDLIBS) $(TEST_LDLIBS) $(SERVE_LIBS)
 
 # Runs every test (C unit tests, CLI tests, numpy reference and llama.cpp peer tests; the last
 # two skip with a message where python3-numpy or node are missing).
@@ -176,12 +179,14 @@ tsan:
 
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+# the server's parser and JSON mapping (no sockets) go into the fuzz targets
+FUZZ_SERVE_SRC := tools/serve/http.c tools/serve/api.c
 fuzz:
 	@if [ -z "$(CLANG)" ]; then echo "make fuzz needs clang"; exit 1; fi
 	$(MAKE) BUILD=build-fuzz CUDA=0 CC=clang OPT=-O1 EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" build-fuzz/libdflash.a
 	@for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
 	  echo "clang $$f -> build-fuzz/$$n"; \
-	  clang $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined $$f build-fuzz/libdflash.a $(LDLIBS_CPU) -o build-fuzz/$$n || exit 1; done
+	  clang $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined $$f $(FUZZ_SERVE_SRC) build-fuzz/libdflash.a $(LDLIBS_CPU) $(SERVE_LIBS) -o build-fuzz/$$n || exit 1; done
 	@echo "fuzz targets: $(FUZZ_BIN)  (run e.g. build-fuzz/fuzz_gguf -max_total_time=600 tests/fuzz/corpus_gguf)"
 
 install: all

@@ -30,7 +30,8 @@ die() { echo "cluster: $*" >&2; exit 1; }
 # health PORT PATH: prints the HTTP status of GET http://127.0.0.1:PORT/PATH (000 when no answer)
 http_status() { curl -s -o /dev/null -m 2 -w '%{http_code}' "http://127.0.0.1:$1$2" 2>/dev/null || true; }
 
-alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
+# a process that exited but is not reaped yet (a zombie: its new parent, pid 1, may reap late) is not alive
+alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null && ! ps -o stat= -p "$1" 2>/dev/null | grep -q '^Z'; }
 
 start_replica() { # I
     i=$1

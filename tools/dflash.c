@@ -20,6 +20,7 @@ static const cli_command k_commands[] = {
     {"tokenize", cmd_tokenize, "tokenize -m MODEL -p TEXT      print token ids (and pieces)"},
     {"bench", cmd_bench, "bench [-m T] [-md D] [--llama]   speed: pp, tg, verify, speculative vs autoregressive"},
     {"generate", cmd_generate, "generate [-m T] [-md D] -p TEXT generate text (speculative with a drafter)"},
+    {"serve", cmd_serve, "serve [-m T] [-md D] [--port N]  OpenAI-compatible HTTP server (continuous batching)"},
 };
 
 static void usage(FILE *out) {

@@ -31,7 +31,7 @@ die() { echo "cluster: $*" >&2; exit 1; }
 http_status() { curl -s -o /dev/null -m 2 -w '%{http_code}' "http://127.0.0.1:$1$2" 2>/dev/null || true; }
 
 # a process that exited but is not reaped yet (a zombie: its new parent, pid 1, may reap late) is not alive
-alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null && ! ps -o stat= -p "$1" 2>/dev/null | grep -q '^Z'; }
+alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null && [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" != Z ]; }
 
 start_replica() { # I
     i=$1

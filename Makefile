@@ -68,8 +68,10 @@ CUDA_MSG   = ON: $(NVCC) (release $(shell $(NVCC) --version | sed -n 's/.*releas
 else
 CUDA_MSG   = OFF (CUDA=$(CUDA)$(if $(NVCC),,; nvcc not found))
 endif
-# objects depend on the CUDA setting (DFL_HAVE_CUDA): switching it rebuilds them
-CONFIG_STAMP := $(BUILD)/.config-cuda-$(CUDA_ON)
+# objects depend on the CUDA setting (DFL_HAVE_CUDA) and on the compiler flags: changing either
+# (a new -f option in the Makefile, other EXTRA_CFLAGS) rebuilds them, never links stale objects
+FLAGS_HASH := $(shell printf '%s' '$(CC) $(ALL_CFLAGS) $(ALL_NVCCFLAGS)' | cksum | cut -d' ' -f1)
+CONFIG_STAMP := $(BUILD)/.config-cuda-$(CUDA_ON)-$(FLAGS_HASH)
 
 .PHONY: all lib test check run deps asan tsan fuzz install clean toolchains models bench-cuda
 

@@ -5,6 +5,7 @@
  * node, the openai package, haproxy or curl is missing (make deps installs them). */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
+#include "test_util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,6 @@
 static bool cluster_available(test_ctx *t) {
     char out[256];
     static const char *const need[][2] = {
-        {"command -v node", "node is not installed (make deps)"},
         {"command -v haproxy", "haproxy is not installed (make deps)"},
         {"command -v curl", "curl is not installed (make deps)"},
     };
@@ -23,11 +23,7 @@ static bool cluster_available(test_ctx *t) {
             return false;
         }
     }
-    if (access("tests/peer/node_modules/openai/package.json", R_OK) != 0) {
-        test_skip(t, "tests/peer/node_modules/openai is missing (make deps)");
-        return false;
-    }
-    return true;
+    return tu_have_node_package(t, "openai");
 }
 
 TEST(cluster_haproxy_drain_kill_restart) {

@@ -159,18 +159,6 @@ TEST(hardening_special_files_refused_at_once) {
 
 /* ---- rows 4, 5: bench --llama ---------------------------------------------------------------- */
 
-static bool peer_available(test_ctx *t) {
-    char out[256];
-    if (test_run("command -v node", out, sizeof(out)) != 0) {
-        test_skip(t, "node is not installed (make deps)");
-        return false;
-    }
-    if (access("tests/peer/node_modules/node-llama-cpp/package.json", R_OK) != 0) {
-        test_skip(t, "tests/peer/node_modules/node-llama-cpp is missing (make deps)");
-        return false;
-    }
-    return true;
-}
 
 /* The model path reaches node as one argument (no shell), from any folder; a failed comparison
  * fails the run. */
@@ -183,7 +171,7 @@ TEST(hardening_bench_llama_argv_any_folder) {
     int rc = run_cli_env(prefix, "PATH=/nonexistent", args, out, sizeof(out));
     CHECK_MSG(rc == 1, "no node: rc %d: %s", rc, out);
     CHECK_STR_CONTAINS(out, "cannot run node");
-    if (!peer_available(t)) return;
+    if (!tu_have_node_package(t, "node-llama-cpp")) return;
     snprintf(hostile, sizeof(hostile), "%s/x';touch pwned;'.gguf", t->tmpdir);
     char cp[2048];
     snprintf(cp, sizeof(cp), "cp %s \"%s\"", tgt, hostile);

@@ -143,43 +143,7 @@ TEST(llama_quant_dflash_quantize_identical) {
     }
 }
 
-static bool have_node(test_ctx *t) {
-    char out[256];
-    if (test_run("command -v node", out, sizeof(out)) != 0) {
-        test_skip(t, "node is not installed (make deps)");
-        return false;
-    }
-    if (access("tests/peer/node_modules/node-llama-cpp", F_OK) != 0) {
-        test_skip(t, "tests/peer/node_modules/node-llama-cpp is missing (make deps)");
-        return false;
-    }
-    return true;
-}
 
-/* Parses the "results":[[..],[..]] arrays of the oracle's JSON line. */
-static bool parse_results(const char *json, int32_t res[N_PROMPTS][N_GEN], int *n_res) {
-    const char *p = strstr(json, "\"results\":[");
-    if (p == NULL) return false;
-    p += strlen("\"results\":[");
-    *n_res = 0;
-    while (*p == '[' && *n_res < N_PROMPTS) {
-        p++;
-        int k = 0;
-        while (*p != ']' && *p != '\0') {
-            char *end;
-            const long v = strtol(p, &end, 10);
-            if (end == p) return false;
-            if (k < N_GEN) res[*n_res][k++] = (int32_t)v;
-            p = end;
-            if (*p == ',') p++;
-        }
-        if (*p != ']' || k != N_GEN) return false;
-        p++;
-        (*n_res)++;
-        if (*p == ',') p++;
-    }
-    return true;
-}
 
 /* Parses a JSON int/float array after "key":[[ (the first row). Returns the count. */
 static int json_first_row(const char *json, const char *key, double *v, int cap) {
@@ -237,7 +201,7 @@ static bool our_greedy(test_ctx *t, dfl_model *m, const int32_t *prompt, int n, 
 }
 
 TEST(llama_quant_greedy_matches_llama_cpp) {
-    if (!have_node(t) || !tu_have_numpy(t)) return;
+    if (!tu_have_node_package(t, "node-llama-cpp") || !tu_have_numpy(t)) return;
     static int32_t prompts[N_PROMPTS][40];
     int lens[N_PROMPTS];
     static char cases[4096];
@@ -257,7 +221,7 @@ TEST(llama_quant_greedy_matches_llama_cpp) {
                  N_GEN);
         static int32_t ref[N_PROMPTS][N_GEN], ours[N_PROMPTS][N_GEN];
         int n_res = 0;
-        if (test_run(cmd, out, sizeof(out)) != 0 || !parse_results(out, ref, &n_res) || n_res != N_PROMPTS) {
+        if (test_run(cmd, out, sizeof(out)) != 0 || !tu_parse_results(out, &ref[0][0], N_PROMPTS, N_GEN, true, &n_res) || n_res != N_PROMPTS) {
             test_fail(t, __FILE__, __LINE__, "%s: llama.cpp oracle failed: %.400s", k_presets[p], out);
             continue;
         }

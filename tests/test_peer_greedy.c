@@ -13,43 +13,7 @@
 #define N_PROMPTS 10
 #define N_GEN 64
 
-static bool have_node(test_ctx *t) {
-    char out[256];
-    if (test_run("command -v node", out, sizeof(out)) != 0) {
-        test_skip(t, "node is not installed (make deps)");
-        return false;
-    }
-    if (access("tests/peer/node_modules/node-llama-cpp", F_OK) != 0) {
-        test_skip(t, "tests/peer/node_modules/node-llama-cpp is missing (make deps)");
-        return false;
-    }
-    return true;
-}
 
-/* Parses the "results":[[..],[..]] arrays of the oracle's JSON line. */
-static bool parse_results(const char *json, int32_t res[N_PROMPTS][N_GEN], int *n_res) {
-    const char *p = strstr(json, "\"results\":[");
-    if (p == NULL) return false;
-    p += strlen("\"results\":[");
-    *n_res = 0;
-    while (*p == '[' && *n_res < N_PROMPTS) {
-        p++;
-        int k = 0;
-        while (*p != ']' && *p != '\0') {
-            char *end;
-            long v = strtol(p, &end, 10);
-            if (end == p) return false;
-            if (k < N_GEN) res[*n_res][k++] = (int32_t)v;
-            p = end;
-            if (*p == ',') p++;
-        }
-        if (*p != ']') return false;
-        p++;
-        (*n_res)++;
-        if (*p == ',') p++;
-    }
-    return true;
-}
 
 /* Our greedy tokens for all prompts, decoded together (one batch per step, one sequence each). */
 static bool our_greedy(test_ctx *t, const char *path, int32_t prompts[N_PROMPTS][48], const int *lens,
@@ -119,7 +83,7 @@ static void compare_type(test_ctx *t, const char *type, const char *arch, int *n
     int rc = test_run(cmd, out, sizeof(out));
     static int32_t ref[N_PROMPTS][N_GEN], ours[N_PROMPTS][N_GEN];
     int n_res = 0;
-    if (rc != 0 || !parse_results(out, ref, &n_res) || n_res != N_PROMPTS) {
+    if (rc != 0 || !tu_parse_results(out, &ref[0][0], N_PROMPTS, N_GEN, false, &n_res) || n_res != N_PROMPTS) {
         test_fail(t, __FILE__, __LINE__, "llama.cpp oracle failed (%d): %.400s", rc, out);
         return;
     }
@@ -138,7 +102,7 @@ static void compare_type(test_ctx *t, const char *type, const char *arch, int *n
 }
 
 TEST(peer_greedy_tokens_match_llama_cpp) {
-    if (!have_node(t)) return;
+    if (!tu_have_node_package(t, "node-llama-cpp")) return;
     const char *types[] = {"f32", "f16", "q8_0", "q4_0"};
     int eq = 0, tot = 0;
     for (int i = 0; i < 4; i++) compare_type(t, types[i], "qwen3", &eq, &tot);

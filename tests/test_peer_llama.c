@@ -4,6 +4,7 @@
  * drafter loads. Skips when node or the npm package is missing. */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
+#include "test_util.h"
 #include "gguf/gguf.h"
 
 #include <stdlib.h>
@@ -12,18 +13,6 @@
 
 #define PEER_SCRIPT "tests/peer/llama_load.mjs"
 
-static bool peer_available(test_ctx *t) {
-    char out[256];
-    if (test_run("command -v node", out, sizeof(out)) != 0) {
-        test_skip(t, "node is not installed (make deps)");
-        return false;
-    }
-    if (access("tests/peer/node_modules/node-llama-cpp/package.json", R_OK) != 0) {
-        test_skip(t, "tests/peer/node_modules/node-llama-cpp is missing (make deps)");
-        return false;
-    }
-    return true;
-}
 
 /* Id of the token whose text is `text` in the file's token list, or -1. */
 static long token_id(const gguf_file *f, const char *text) {
@@ -57,7 +46,7 @@ static int json_int_array(const char *line, const char *key, long *out, int cap)
 }
 
 TEST(peer_llama_generates_from_test_targets) {
-    if (!peer_available(t)) return;
+    if (!tu_have_node_package(t, "node-llama-cpp")) return;
     /* target variants: weight type, output head, architecture */
     const struct { const char *type; const char *extra; } variants[] = {
         {"f32", "--tied"}, {"f16", "--untied"}, {"q8_0", "--untied"}, {"q4_0", "--untied"},
@@ -113,7 +102,7 @@ TEST(peer_llama_generates_from_test_targets) {
 }
 
 TEST(peer_llama_loads_test_drafter) {
-    if (!peer_available(t)) return;
+    if (!tu_have_node_package(t, "node-llama-cpp")) return;
     char dir[300], cmd[2048], out[8192];
     test_path(t, "m", dir, sizeof(dir));
     snprintf(cmd, sizeof(cmd), "%s make-test-model -o %s --type q8_0 --n-layer 3 --draft-layers 2 --target-layers 1,3",

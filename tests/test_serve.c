@@ -8,6 +8,7 @@
  * or the npm package is missing. */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
+#include "test_util.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -16,19 +17,11 @@
 
 static bool serve_peer_available(test_ctx *t) {
     char out[256];
-    if (test_run("command -v node", out, sizeof(out)) != 0) {
-        test_skip(t, "node is not installed (make deps)");
-        return false;
-    }
     if (test_run("command -v timeout", out, sizeof(out)) != 0) {
         test_skip(t, "coreutils timeout is missing");
         return false;
     }
-    if (access("tests/peer/node_modules/openai/package.json", R_OK) != 0) {
-        test_skip(t, "tests/peer/node_modules/openai is missing (make deps)");
-        return false;
-    }
-    return true;
+    return tu_have_node_package(t, "openai");
 }
 
 static void run_part(test_ctx *t, const char *part, int timeout_s) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 bool tu_make_models(test_ctx *t, const char *dir_name, const char *args, char *target, char *drafter, size_t cap) {
     char dir[512], cmd[2048], out[4096];
@@ -110,4 +111,43 @@ dfl_status tu_greedy(dfl_context *ctx, int32_t seq, const int32_t *prompt, int64
     }
     dfl_batch_free(b);
     return st;
+}
+
+bool tu_have_node_package(test_ctx *t, const char *pkg) {
+    char out[256], path[512], why[600];
+    if (test_run("command -v node", out, sizeof(out)) != 0) {
+        test_skip(t, "node is not installed (make deps)");
+        return false;
+    }
+    snprintf(path, sizeof(path), "tests/peer/node_modules/%s/package.json", pkg);
+    if (access(path, R_OK) != 0) {
+        snprintf(why, sizeof(why), "tests/peer/node_modules/%s is missing (make deps)", pkg);
+        test_skip(t, why);
+        return false;
+    }
+    return true;
+}
+
+bool tu_parse_results(const char *json, int32_t *res, int n_rows, int n_cols, bool exact, int *n_res) {
+    const char *p = strstr(json, "\"results\":[");
+    if (p == NULL) return false;
+    p += strlen("\"results\":[");
+    *n_res = 0;
+    while (*p == '[' && *n_res < n_rows) {
+        p++;
+        int k = 0;
+        while (*p != ']' && *p != '\0') {
+            char *end;
+            const long v = strtol(p, &end, 10);
+            if (end == p) return false;
+            if (k < n_cols) res[(size_t)*n_res * (size_t)n_cols + (size_t)k++] = (int32_t)v;
+            p = end;
+            if (*p == ',') p++;
+        }
+        if (*p != ']' || (exact && k != n_cols)) return false;
+        p++;
+        (*n_res)++;
+        if (*p == ',') p++;
+    }
+    return true;
 }

@@ -24,5 +24,12 @@ dfl_status tu_decode(dfl_context *ctx, int32_t seq, const int32_t *tokens, int64
 dfl_status tu_greedy(dfl_context *ctx, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t n_gen, int32_t *out,
                      dfl_error *err);
 int32_t tu_argmax(const float *x, int64_t n);
+/* True if node and the npm package tests/peer/node_modules/PKG (e.g. "node-llama-cpp", "openai")
+ * are installed; otherwise the test skips itself, saying which is missing. */
+bool tu_have_node_package(test_ctx *t, const char *pkg);
+/* Parses the "results":[[ids...],[ids...]] arrays of a peer script's JSON line into res
+ * [n_rows][n_cols] (row-major; ids past n_cols are ignored). With exact, a row of fewer than n_cols
+ * ids is an error. *n_res = rows parsed (at most n_rows). False on bad syntax. */
+bool tu_parse_results(const char *json, int32_t *res, int n_rows, int n_cols, bool exact, int *n_res);
 
 #endif

@@ -204,6 +204,21 @@ TEST(serve_api_rejects_bad_fields) {
     CHECK_STR_CONTAINS(j, "{\"error\":{\"message\":");
     CHECK_STR_CONTAINS(j, "\"type\":\"invalid_request_error\"");
     free(j);
+    /* found by fuzz_serve: a JSON error quoting the client's bytes (an invalid escape followed by
+     * a cut UTF-8 sequence) made the message invalid UTF-8, the error body could not be built and
+     * the client got a bare 500; the message is now sanitized: 400 with a message */
+    CHECK(gen("{\"prompt\":\"te\\\xcd\x88\"}", false, &g, &e) == -1 && e.status == 400);
+    j = api_error_json(&e);
+    CHECK_MSG(j != NULL, "no error body for '%s'", e.message);
+    free(j);
+    const char *bad[] = {"\xff", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        api_error_set(&e, 400, "invalid_request_error", NULL, NULL, "quoted '%s' and \xc3\xa9 (valid)", bad[i]);
+        CHECK_STR_CONTAINS(e.message, "\xc3\xa9 (valid)");
+        j = api_error_json(&e);
+        CHECK_MSG(j != NULL, "no error body for case %zu", i);
+        free(j);
+    }
 }
 
 TEST(serve_api_response_shapes) {

@@ -8,6 +8,30 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Replaces every byte of s that is not part of a well-formed UTF-8 sequence (overlong forms,
+ * surrogates and code points above U+10FFFF included) by '?', in place: an error message may
+ * quote the client's bytes (a JSON parser's "near '...'"), or be cut inside a character, and
+ * jansson refuses to serialize invalid UTF-8. */
+static void utf8_sanitize(char *s) {
+    unsigned char *p = (unsigned char *)s;
+    while (*p != 0) {
+        const unsigned c = p[0];
+        int n = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        bool ok = n > 0;
+        for (int k = 1; ok && k < n; k++) ok = (p[k] & 0xC0) == 0x80;
+        if (ok && n == 3) {
+            ok = !(c == 0xE0 && p[1] < 0xA0) && !(c == 0xED && p[1] >= 0xA0); /* overlong, surrogate */
+        } else if (ok && n == 4) {
+            ok = !(c == 0xF0 && p[1] < 0x90) && !(c == 0xF4 && p[1] >= 0x90); /* overlong, > U+10FFFF */
+        }
+        if (!ok) {
+            *p++ = '?';
+            continue;
+        }
+        p += n;
+    }
+}
+
 void api_error_set(api_error *e, int status, const char *type, const char *code, const char *param,
                    const char *fmt, ...) {
     e->status = status;
@@ -18,6 +42,7 @@ void api_error_set(api_error *e, int status, const char *type, const char *code,
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof(e->message), fmt, ap);
     va_end(ap);
+    utf8_sanitize(e->message);
 }
 
 static json_t *str_or_null(const char *s) {

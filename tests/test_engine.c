@@ -19,36 +19,7 @@
 
 #define TINY_T "--n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --head-dim 16 --n-ff 128 --n-vocab 640 --draft-layers 1"
 
-/* An oracle draft hook: the true greedy continuation with planted errors, so that every
- * acceptance length and rollback path is exercised. */
-typedef struct oracle {
-    const int32_t *ref[8];
-    int64_t done[8];
-    uint64_t rng;
-    int mode; /* 0: the real drafter, 1: oracle */
-} oracle;
-
-static uint64_t next_rand(uint64_t *s) {
-    *s += 0x9e3779b97f4a7c15ull;
-    uint64_t z = *s;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft) {
-    oracle *o = user;
-    if (o->mode == 0) return;
-    for (int32_t j = 0; j < n_draft; j++) {
-        const int64_t at = o->done[seq] + j;
-        draft[j] = at < MAXG ? o->ref[seq][at] : 0;
-    }
-    const uint64_t r = next_rand(&o->rng);
-    if (r % 4 != 0) {
-        const int32_t j = (int32_t)((r >> 8) % (uint64_t)n_draft);
-        draft[j] = (draft[j] + 1) % NV;
-    }
-}
+typedef tu_oracle oracle; /* the shared oracle draft hook (test_util.h) */
 
 static void make_prompt(int32_t *p, int len, int s, int salt) {
     for (int i = 0; i < len; i++) p[i] = (int32_t)((i * 131 + s * 17 + salt * 7 + 3) % NV);
@@ -78,6 +49,8 @@ static bool engine_case(test_ctx *t, dfl_model *tm, dfl_model *dm, dfl_context *
                         int prompt_len, dfl_feature_path fp, int mode, int adapt, bool plain) {
     oracle o;
     memset(&o, 0, sizeof(o));
+    o.n_ref = N_GEN + 64;
+    o.n_vocab = NV;
     o.mode = mode;
     o.rng = (uint64_t)(n_seq * 1000 + n_draft * 10 + prompt_len);
     static int32_t prompts[8][128], ref[8][MAXG], got[8][MAXG];
@@ -100,7 +73,7 @@ static bool engine_case(test_ctx *t, dfl_model *tm, dfl_model *dm, dfl_context *
     ep.n_draft_min = adapt > 0 ? 1 : 0;
     ep.draft_p_min = adapt == 2 ? 0.3f : 0.0f;
     ep.features = fp;
-    ep.draft_hook = oracle_hook;
+    ep.draft_hook = tu_oracle_hook;
     ep.draft_hook_user = &o;
     for (int pass = 0; pass < (plain ? 2 : 1) && ok; pass++) {
         dfl_engine *e = dfl_engine_new_from_models(tm, pass == 0 ? dm : NULL, NULL, &ep, &err);
@@ -676,6 +649,8 @@ TEST(engine_logprobs_spec_equals_plain) {
     }
     oracle o;
     memset(&o, 0, sizeof(o));
+    o.n_ref = N_GEN + 64;
+    o.n_vocab = NV;
     o.mode = 1; /* oracle drafts: several tokens per step, so logprobs come from many slots */
     static int32_t ref[1][MAXG];
     int32_t prompt[11];
@@ -686,7 +661,7 @@ TEST(engine_logprobs_spec_equals_plain) {
     dfl_engine_params ep = dfl_engine_default_params();
     ep.n_ctx = 256;
     ep.n_threads = ep.n_threads_batch = 1;
-    ep.draft_hook = oracle_hook;
+    ep.draft_hook = tu_oracle_hook;
     ep.draft_hook_user = &o;
     for (int sampled = 0; sampled < 2; sampled++) {
         static int32_t tok[2][MAXG], top[2][MAXG * 5];

@@ -77,36 +77,7 @@ static bool pair_open(test_ctx *t, pair *p, const char *tpath, const char *dpath
     return true;
 }
 
-/* An oracle draft hook: proposes the true greedy continuation with planted errors, so that
- * every acceptance length (0..k) and rollback path is exercised. */
-typedef struct oracle {
-    const int32_t *ref[8];  /* per sequence: the target-alone greedy tokens */
-    int64_t done[8];        /* tokens committed so far (incl. the prefill's first token) */
-    uint64_t rng;
-    int mode;               /* 0: real drafter, 1: oracle with planted errors */
-} oracle;
-
-static uint64_t next_rand(uint64_t *s) {
-    *s += 0x9e3779b97f4a7c15ull;
-    uint64_t z = *s;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft) {
-    oracle *o = user;
-    if (o->mode == 0) return;
-    for (int32_t j = 0; j < n_draft; j++) {
-        const int64_t at = o->done[seq] + j;
-        draft[j] = at < N_GEN + 64 ? o->ref[seq][at] : 0;
-    }
-    const uint64_t r = next_rand(&o->rng);
-    if (r % 4 != 0) { /* 3 in 4 steps: one planted error at a random slot */
-        const int32_t j = (int32_t)((r >> 8) % (uint64_t)n_draft);
-        draft[j] = (draft[j] + 1) % NV;
-    }
-}
+typedef tu_oracle oracle; /* the shared oracle draft hook (test_util.h) */
 
 /* One case of the property; returns false on a mismatch (reported). tau_out: mean accepted+1. */
 /* adapt: 0 a fixed draft length, 1 the adaptive length from 1 (sequences of one pass then verify
@@ -115,10 +86,12 @@ static bool spec_case(test_ctx *t, const char *tpath, const char *dpath, int n_s
                       dfl_feature_path features, int mode, int adapt, int32_t *tokens_out, double *tau_out) {
     oracle o;
     memset(&o, 0, sizeof(o));
+    o.n_ref = N_GEN + 64;
+    o.n_vocab = NV;
     o.mode = mode;
     o.rng = (uint64_t)(n_seq * 1000 + n_draft * 10 + prompt_len);
     spec_params sp = spec_default_params();
-    sp.draft_hook = oracle_hook;
+    sp.draft_hook = tu_oracle_hook;
     sp.draft_hook_user = &o;
     sp.n_draft_min = adapt > 0 ? 1 : 0;
     sp.draft_p_min = adapt == 2 ? 0.3f : 0.0f;

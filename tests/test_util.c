@@ -151,3 +151,21 @@ bool tu_parse_results(const char *json, int32_t *res, int n_rows, int n_cols, bo
     }
     return true;
 }
+
+void tu_oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft) {
+    tu_oracle *o = user;
+    if (o->mode == 0) return;
+    for (int32_t j = 0; j < n_draft; j++) {
+        const int64_t at = o->done[seq] + j;
+        draft[j] = at < o->n_ref ? o->ref[seq][at] : 0;
+    }
+    o->rng += 0x9e3779b97f4a7c15ull; /* splitmix64 */
+    uint64_t r = o->rng;
+    r = (r ^ (r >> 30)) * 0xbf58476d1ce4e5b9ull;
+    r = (r ^ (r >> 27)) * 0x94d049bb133111ebull;
+    r ^= r >> 31;
+    if (r % 4 != 0) { /* 3 in 4 steps: one planted error at a random slot */
+        const int32_t j = (int32_t)((r >> 8) % (uint64_t)n_draft);
+        draft[j] = (draft[j] + 1) % o->n_vocab;
+    }
+}

@@ -27,6 +27,19 @@ int32_t tu_argmax(const float *x, int64_t n);
 /* True if node and the npm package tests/peer/node_modules/PKG (e.g. "node-llama-cpp", "openai")
  * are installed; otherwise the test skips itself, saying which is missing. */
 bool tu_have_node_package(test_ctx *t, const char *pkg);
+/* A draft hook (dfl_engine / spec draft_hook) for the lossless tests. mode 0 keeps the real
+ * drafter's tokens; mode 1 proposes the true greedy continuation ref[seq][done[seq] ...] (0 past
+ * n_ref) with one planted error (token + 1 mod n_vocab) at a random slot in 3 of 4 steps, so that
+ * every acceptance length and rollback path is exercised. The test keeps done[] up to date. */
+typedef struct tu_oracle {
+    const int32_t *ref[8];  /* per sequence: the target-alone greedy tokens */
+    int64_t done[8];        /* tokens committed so far (incl. the prefill's first token) */
+    int64_t n_ref;          /* length of each ref[] */
+    int32_t n_vocab;
+    uint64_t rng;           /* splitmix64 state */
+    int mode;
+} tu_oracle;
+void tu_oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
 /* Parses the "results":[[ids...],[ids...]] arrays of a peer script's JSON line into res
  * [n_rows][n_cols] (row-major; ids past n_cols are ignored). With exact, a row of fewer than n_cols
  * ids is an error. *n_res = rows parsed (at most n_rows). False on bad syntax. */

@@ -16,7 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define TO "timeout 20 " /* every CLI run: a hang fails the test (exit 124) */
+#define TO "timeout 90 " /* every CLI run: a hang fails the test (exit 124); generous, since node-llama-cpp
+                           * loading on a loaded 2-core machine took over 20 s */
 
 /* ---- a GGUF copy with edits ----------------------------------------------------------------- */
 

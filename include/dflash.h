@@ -187,6 +187,10 @@ typedef struct dfl_hparams {
     bool has_token_embd;   /* drafter ships its own token_embd */
     bool has_output;       /* drafter ships its own output head */
     bool causal;           /* dflash.attention.causal (default false) */
+    /* drafter variants (docs/drafter.md, "DSpark") */
+    int64_t n_draft_max;   /* most drafts one block gives: block_size - 1, or block_size (anchor-first DSpark) */
+    bool dspark;           /* DSpark Markov head present */
+    bool dspark_confidence;/* DSpark confidence head present (draft length from draft_p_min) */
 } dfl_hparams;
 
 DFL_API const dfl_hparams *dfl_model_hparams(const dfl_model *model);

@@ -356,10 +356,10 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
         }
     }
     const dfl_hparams *dh = spec ? dfl_model_hparams(s->drafter) : NULL;
-    const int32_t n_draft = spec ? (o->draft_max > 0 ? o->draft_max : (int32_t)dh->block_size - 1) : 0;
-    if (spec && n_draft > dh->block_size - 1) {
-        fprintf(stderr, "dflash %s: --draft-max %d is above the drafter's block_size - 1 = %lld\n", cmd, n_draft,
-                (long long)(dh->block_size - 1));
+    const int32_t n_draft = spec ? (o->draft_max > 0 ? o->draft_max : (int32_t)dh->n_draft_max) : 0;
+    if (spec && n_draft > dh->n_draft_max) {
+        fprintf(stderr, "dflash %s: --draft-max %d is above the drafter's most drafts per block = %lld\n", cmd, n_draft,
+                (long long)dh->n_draft_max);
         return 1;
     }
     if (spec && o->draft_min > n_draft) {

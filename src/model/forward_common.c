@@ -128,6 +128,10 @@ void fwd_write_kv(dfl_context *ctx, int64_t il, tensor h, int64_t n) {
 }
 
 void fwd_attention_block(dfl_context *ctx, int64_t il, tensor x, int64_t n, int64_t n_groups) {
+    fwd_attention_block_mask(ctx, il, x, n, n_groups, &ctx->s.mask);
+}
+
+void fwd_attention_block_mask(dfl_context *ctx, int64_t il, tensor x, int64_t n, int64_t n_groups, const tensor *mask) {
     const dfl_hparams *hp = &ctx->model->hp;
     const ctx_layer_w *L = &ctx->w.layers[il];
     backend_queue *q = ctx->queue;
@@ -162,8 +166,8 @@ void fwd_attention_block(dfl_context *ctx, int64_t il, tensor x, int64_t n, int6
         qg = tensor_reshape_3d(&qg, hd_k, hp->n_head, g->n);                /* [hd_k, n_head, n_g] */
         tensor og = tensor_rows(&att, g->r0, g->n);
         og = tensor_reshape_3d(&og, hd_v, hp->n_head, g->n);                /* [hd_v, n_head, n_g] */
-        tensor mg = tensor_2d(QUANT_TYPE_F32, (float *)s->mask.data + g->mask_off, g->n_kv, g->n); /* [n_kv, n_g] */
-        mg.buf = s->mask.buf;
+        tensor mg = tensor_2d(QUANT_TYPE_F32, (float *)mask->data + g->mask_off, g->n_kv, g->n); /* [n_kv, n_g] */
+        mg.buf = mask->buf;
         op_attention(q, og, qg, kc, vc, mg, 0.0f);
     }
     /* x += Wo att */

@@ -358,7 +358,8 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
     const dfl_hparams *dh = spec ? dfl_model_hparams(s->drafter) : NULL;
     const int32_t n_draft = spec ? (o->draft_max > 0 ? o->draft_max : (int32_t)dh->n_draft_max) : 0;
     if (spec && n_draft > dh->n_draft_max) {
-        fprintf(stderr, "dflash %s: --draft-max %d is above the drafter's most drafts per block = %lld\n", cmd, n_draft,
+        fprintf(stderr, "dflash %s: --draft-max %d is above the drafter's %s = %lld\n", cmd, n_draft,
+                dh->n_draft_max == dh->block_size ? "block_size (anchor-first DSpark)" : "block_size - 1",
                 (long long)dh->n_draft_max);
         return 1;
     }

@@ -12,7 +12,11 @@
  *     (the block is the trained one, B positions, when k = B-1; a shorter draft leaves out the
  *     trailing masks, whose outputs nobody reads, and costs (k+1)/B of a full pass; on the
  *     embedded pair the drafts of the kept positions come out the same, see models/README.md)
- *     drop the block's K/V (keep positions < start)                                          */
+ *     drop the block's K/V (keep positions < start)
+ *   options (docs/drafter.md, "Drafter options"): causal block, sliding-window layers (their
+ *   own masks), embedding scale on x, logit scale, softcap (on the logits handed back);
+ *   DSpark (drafter_dspark.c): anchor-first blocks [last, MASK x (k-1)] with every row a draft
+ *   row, the greedy Markov chain over the head's rows, the confidence head.                */
 #include "model/context.h"
 #include "model/forward_common.h"
 #include "speculative/drafter_dspark.h"

@@ -465,6 +465,7 @@ typedef struct bad_spec {
     int swa_pattern_n;       /* entries of the pattern (-1: no key) */
     float logit_scale, softcap; /* 0: no key */
     int n_vocab_markov;
+    const char *extra;       /* an extra [4] f32 tensor of that name */
 } bad_spec;
 
 static void bad_t(gguf_writer *w, const bad_spec *b, const char *name, uint32_t type, int n_dims, int64_t ne0, int64_t ne1) {
@@ -510,6 +511,7 @@ static bool write_bad(const bad_spec *b, const char *path) {
     bad_t(w, b, "conf_proj.weight", QUANT_TYPE_F32, 2, E + R, 1);
     bad_t(w, b, "conf_proj.bias", QUANT_TYPE_F32, 1, 1, 1);
     if (b->d2t) bad_t(w, b, "d2t", QUANT_TYPE_I32, 1, 100, 1);
+    if (b->extra) bad_t(w, b, b->extra, QUANT_TYPE_F32, 1, 4, 1);
     for (int il = 0; il < 2; il++) {
         char n[64];
 #define T(suffix, type, nd, a, c) (snprintf(n, sizeof(n), "blk.%d." suffix, il), bad_t(w, b, n, type, nd, a, c))
@@ -589,6 +591,10 @@ TEST(dspark_bad_files) {
     expect_refused(t, &b, "neg_scale", "dflash.logit_scale = -1 must be positive");
     b = bad_default(); b.softcap = -2.0f;
     expect_refused(t, &b, "neg_cap", "final_logit_softcapping = -2 must be >= 0");
+    b = bad_default(); b.extra = "fc.scale";
+    expect_refused(t, &b, "fc_scale", "fc.scale: per-tensor weight scales are not supported");
+    b = bad_default(); b.extra = "blk.1.attn_sinks.weight";
+    expect_refused(t, &b, "sinks", "blk.1.attn_sinks.weight: attention sinks are not supported");
 
     /* a Markov head over another vocabulary than the target's: refused at context creation */
     char tp[512], dp[512], small[512];

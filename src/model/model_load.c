@@ -404,6 +404,21 @@ static void bind_dspark(dfl_model *m, bind_report *r) {
     if (d->markov_w1 == NULL || d->markov_w2 == NULL) d->markov_w1 = NULL;
 }
 
+/* Tensors llama.cpp's dflash model may carry that change the result and that we do not run:
+ * refused by name rather than silently ignored (per-tensor dequantization scales of FP8 exports,
+ * attention sinks). */
+static void refuse_unsupported_drafter_tensors(const gguf_file *f, bind_report *r) {
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_str nm = gguf_tensor_at(f, i)->name;
+        const int len = (int)(nm.len > 63 ? 63 : nm.len);
+        const bool is_scale = nm.len > 6 && memcmp(nm.ptr + nm.len - 6, ".scale", 6) == 0 && !gguf_str_eq(nm, "markov_w2.scale");
+        bool is_sink = false;
+        for (uint64_t k = 0; k + 10 <= nm.len && !is_sink; k++) is_sink = memcmp(nm.ptr + k, "attn_sinks", 10) == 0;
+        if (is_scale) report_add(r, DFL_ERR_UNSUPPORTED, "%.*s: per-tensor weight scales are not supported", len, nm.ptr);
+        if (is_sink) report_add(r, DFL_ERR_UNSUPPORTED, "%.*s: attention sinks are not supported", len, nm.ptr);
+    }
+}
+
 /* n_vocab from token_embd, or from the tokenizer's token list when the model has no embedding. */
 static int64_t vocab_size_from_tokens(const gguf_file *f) {
     const gguf_kv *kv = gguf_find_kv(f, "tokenizer.ggml.tokens");
@@ -467,6 +482,7 @@ static dfl_status bind_all(dfl_model *m, dfl_error *err) {
         m->fc = bind(f, &r, "fc.weight", BIND_MATRIX, 2, hp->n_target_layers * hp->n_embd, hp->n_embd, false);
         m->enc_output_norm = bind(f, &r, "enc.output_norm.weight", BIND_NORM, 1, hp->n_embd, 1, false);
         bind_dspark(m, &r);
+        refuse_unsupported_drafter_tensors(f, &r);
         hp->dspark = m->dspark.markov_w1 != NULL;
         hp->dspark_confidence = m->dspark.conf_proj != NULL;
         hp->n_draft_max = hp->dspark && m->dspark.anchor_first ? hp->block_size : hp->block_size - 1;

@@ -466,7 +466,10 @@ typedef struct bad_spec {
     float logit_scale, softcap; /* 0: no key */
     int n_vocab_markov;
     const char *extra;       /* an extra [4] f32 tensor of that name */
+    const char *nan_tensor;  /* this (f32) tensor is all NaN */
 } bad_spec;
+
+static float k_nans[1 << 16];
 
 static void bad_t(gguf_writer *w, const bad_spec *b, const char *name, uint32_t type, int n_dims, int64_t ne0, int64_t ne1) {
     if (b->skip && strcmp(b->skip, name) == 0) return;
@@ -474,7 +477,9 @@ static void bad_t(gguf_writer *w, const bad_spec *b, const char *name, uint32_t 
     int64_t ne[2] = {ne0, ne1};
     const size_t nbytes = quant_row_size(type, ne0) * (size_t)(n_dims > 1 ? ne1 : 1);
     if (nbytes > sizeof(k_zeros)) abort();
-    gguf_writer_add_tensor(w, name, type, (uint32_t)n_dims, ne, k_zeros, nbytes, NULL);
+    const bool nan = b->nan_tensor && strcmp(b->nan_tensor, name) == 0;
+    if (nan) for (size_t i = 0; i < sizeof(k_nans) / sizeof(k_nans[0]); i++) k_nans[i] = NAN;
+    gguf_writer_add_tensor(w, name, type, (uint32_t)n_dims, ne, nan ? k_nans : k_zeros, nbytes, NULL);
 }
 
 /* A 2-layer DSpark drafter of zeros (n_embd 64, R 16) with one defect. */
@@ -779,4 +784,48 @@ TEST(dspark_sampling_lossless) {
     dfl_engine_free(plain);
     dfl_model_free(dm);
     dfl_model_free(tm);
+}
+
+/* NaN in the Markov weights: refused when the drafter context is created; NaN in the head's rows
+ * (here output_norm): the step fails with the non-finite message, nothing crashes. */
+TEST(dspark_nonfinite) {
+    char tp[512], dp[512], bad[512];
+    if (!tu_make_models(t, "m", TINY " --block-size 8 --dspark-rank 16", tp, dp, sizeof(tp))) return;
+    const char *const nan_in[2] = {"markov_w2.weight", "output_norm.weight"};
+    for (int c = 0; c < 2; c++) {
+        bad_spec b = bad_default();
+        b.nan_tensor = nan_in[c];
+        test_path(t, c ? "nan_head.gguf" : "nan_markov.gguf", bad, sizeof(bad));
+        REQUIRE(write_bad(&b, bad));
+        dfl_error err = {0};
+        dpair p;
+        memset(&p, 0, sizeof(p));
+        p.target = dfl_model_load(tp, NULL, &err);
+        p.drafter = dfl_model_load(bad, NULL, &err);
+        REQUIRE(p.target && p.drafter);
+        dfl_context_params cp = dfl_context_default_params();
+        cp.n_ctx = 64;
+        cp.n_capture = 2;
+        cp.capture_layers = dfl_model_hparams(p.drafter)->target_layers;
+        p.tctx = dfl_context_new(p.target, &cp, &err);
+        REQUIRE(p.tctx != NULL);
+        dfl_context_params dcp = dfl_context_default_params();
+        dcp.target = p.tctx;
+        p.dctx = dfl_context_new(p.drafter, &dcp, &err);
+        if (c == 0) {
+            CHECK(p.dctx == NULL);
+            CHECK_STR_CONTAINS(err.msg, "markov_w2.weight row 0 holds a NaN or Inf");
+        } else {
+            REQUIRE_MSG(p.dctx != NULL, "%s", err.msg);
+            spec_params sp = spec_default_params();
+            p.spec = spec_new(p.tctx, p.dctx, &sp, &err);
+            REQUIRE_MSG(p.spec != NULL, "%s", err.msg);
+            int32_t prompt[6] = {3, 4, 5, 6, 7, 8}, first, toks[16], n_tok;
+            REQUIRE(spec_prefill(p.spec, 0, prompt, 6, &first, &err) == DFL_OK);
+            CHECK(spec_step(p.spec, 1, (int32_t[]){0}, toks, &n_tok, &err) != DFL_OK);
+            CHECK_STR_CONTAINS(err.msg, "non-finite drafter logits");
+        }
+        printf("    NaN in %-20s %s\n", nan_in[c], err.msg);
+        dpair_close(&p);
+    }
 }

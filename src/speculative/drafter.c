@@ -302,12 +302,23 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     op_rmsnorm(q, x_out, x_out, &d->w.output_norm, hp->norm_eps);
     tensor logits = tensor_rows(&s->logits, 0, n_out);                /* [n_vocab, n_out] */
     op_matmul(q, logits, d->w.output, x_out);
+    bool flagged = false;
     if (ds->dspark != NULL) {
+        /* DSpark: the chain feeds each row's argmax to the next row's get_rows, so a NaN/Inf in
+         * the head's rows (flagged by ARGMAX as a negative id) must stop it first; the Markov
+         * weights were checked finite and bounded when the context was created */
+        tensor amax = fwd_vec_head(&s->ids, n_out);                       /* [n_out] i32 */
+        op_argmax(q, amax, logits);
+        op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
+        backend_queue_synchronize(q);
+        for (int64_t r = 0; r < n_out && !flagged; r++) flagged = out[r] < 0;
+    }
+    if (ds->dspark != NULL && !flagged) {
         /* DSpark: the Markov bias chained over the rows (drafts = argmax of the biased rows),
          * then the logit scale on the biased rows */
         dspark_chain_enqueue(d, ds->dspark, logits, x_out, n_active, last, ds->lens_all);
         if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
-    } else {
+    } else if (ds->dspark == NULL) {
         if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
         tensor amax = fwd_vec_head(&s->ids, n_out);                       /* [n_out] i32 */
         op_argmax(q, amax, logits);
@@ -318,7 +329,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     }
     backend_queue_synchronize(q);
     d->pending = false;
-    if (ds->dspark != NULL) {
+    if (ds->dspark != NULL && !flagged) {
         dspark_finish(d, ds->dspark, n_active, last, ds->lens_all, out, d->model->dspark.conf_proj ? ds->conf : NULL);
         ds->conf_valid = d->model->dspark.conf_proj != NULL;
     }

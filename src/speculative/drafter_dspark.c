@@ -51,8 +51,42 @@ void dspark_state_free(dspark_state *st) {
     free(st);
 }
 
+/* The chain indexes markov_w1 with the argmax of biased rows: the Markov weights must be finite
+ * and small enough that a bias cannot overflow (|bias| <= R max|w1| max|w2| |scale| < 1e30). */
+static dfl_status dspark_check_weights(const dfl_model *m, dfl_error *err) {
+    const model_dspark *ds = &m->dspark;
+    const int64_t R = ds->rank;
+    float *row = malloc((size_t)R * sizeof(float));
+    if (row == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory checking the DSpark weights");
+    const gguf_tensor *ws[2] = {ds->markov_w1, ds->markov_w2};
+    double amax[2] = {0.0, 0.0};
+    for (int w = 0; w < 2; w++) {
+        const size_t rb = quant_row_size(ws[w]->type, R);
+        for (int64_t v = 0; v < ws[w]->ne[1]; v++) {
+            quant_dequantize_row(ws[w]->type, (const uint8_t *)ws[w]->data + (size_t)v * rb, row, R);
+            for (int64_t c = 0; c < R; c++) {
+                if (!isfinite(row[c])) {
+                    free(row);
+                    return error_set(err, DFL_ERR_FORMAT, "%s: %s row %lld holds a NaN or Inf", m->path,
+                                     w == 0 ? "markov_w1.weight" : "markov_w2.weight", (long long)v);
+                }
+                const double a = fabs((double)row[c]);
+                amax[w] = a > amax[w] ? a : amax[w];
+            }
+        }
+    }
+    free(row);
+    const double bound = (double)R * amax[0] * amax[1] * fabs((double)ds->markov_scale);
+    if (!isfinite(ds->markov_scale) || !(bound < 1e30)) {
+        return error_set(err, DFL_ERR_FORMAT, "%s: the DSpark Markov weights are too large (a bias could reach %.3g)",
+                         m->path, bound);
+    }
+    return DFL_OK;
+}
+
 dspark_state *dspark_state_new(dfl_context *d, dfl_error *err) {
     const dfl_model *m = d->model;
+    if (dspark_check_weights(m, err) != DFL_OK) return NULL;
     const model_dspark *ds = &m->dspark;
     const int64_t n_seq = d->kv.n_seq, n_pos = m->hp.n_draft_max, R = ds->rank, V = d->n_vocab;
     const int64_t E = m->hp.n_embd;

@@ -788,7 +788,7 @@ TEST(dspark_sampling_lossless) {
 }
 
 /* NaN in the Markov weights: refused when the drafter context is created; NaN in the head's rows
- * (here output_norm): the step fails with the non-finite message, nothing crashes. */
+ * (here output_norm): the chain does not run, the draft is cut (counted), nothing crashes. */
 TEST(dspark_nonfinite) {
     char tp[512], dp[512], bad[512];
     if (!tu_make_models(t, "m", TINY " --block-size 8 --dspark-rank 16", tp, dp, sizeof(tp))) return;
@@ -823,8 +823,13 @@ TEST(dspark_nonfinite) {
             REQUIRE_MSG(p.spec != NULL, "%s", err.msg);
             int32_t prompt[6] = {3, 4, 5, 6, 7, 8}, first, toks[16], n_tok;
             REQUIRE(spec_prefill(p.spec, 0, prompt, 6, &first, &err) == DFL_OK);
-            CHECK(spec_step(p.spec, 1, (int32_t[]){0}, toks, &n_tok, &err) != DFL_OK);
-            CHECK_STR_CONTAINS(err.msg, "non-finite drafter logits");
+            /* the draft is cut (a plain step), counted; the target's own token comes out */
+            CHECK_MSG(spec_step(p.spec, 1, (int32_t[]){0}, toks, &n_tok, &err) == DFL_OK, "%s", err.msg);
+            CHECK_EQ_INT(n_tok, 1);
+            const spec_stats st = spec_get_stats(p.spec);
+            CHECK(st.n_draft_nonfinite > 0);
+            snprintf(err.msg, sizeof(err.msg), "step ran without drafts (%lld non-finite draft slots)",
+                     (long long)st.n_draft_nonfinite);
         }
         printf("    NaN in %-20s %s\n", nan_in[c], err.msg);
         dpair_close(&p);

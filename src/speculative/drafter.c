@@ -41,9 +41,10 @@ struct drafter_state {
     float *conf;           /* [n_seq * n_draft_max] DSpark confidences of the last draft (stride n_draft) */
     bool conf_valid;       /* the last draft produced confidences */
     int32_t *lens_all;     /* [n_seq] */
-    backend_buffer *swa_buf; /* sliding-window layers' masks (same layout as the scratch mask) */
+    backend_buffer *swa_buf; /* sliding-window layers' masks (swa_masks_upload) */
     tensor swa_mask;
     float *h_swa;          /* [n_ctx * n_ub] */
+    size_t *swa_off;       /* [n_ub] float offset of each group's mask */
 };
 
 drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error *err) {
@@ -72,9 +73,10 @@ drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error 
     if (d->model->dflash.swa_layer != NULL) {
         const size_t n_mask = (size_t)d->kv.n_ctx * (size_t)n;
         ds->h_swa = calloc(n_mask, sizeof(float));
-        ds->swa_buf = ds->h_swa != NULL ? backend_buffer_alloc(d->be, n_mask * sizeof(float), err) : NULL;
+        ds->swa_off = calloc((size_t)n, sizeof(size_t));
+        ds->swa_buf = ds->h_swa != NULL && ds->swa_off != NULL ? backend_buffer_alloc(d->be, n_mask * sizeof(float), err) : NULL;
         if (ds->swa_buf == NULL) {
-            if (ds->h_swa == NULL) error_set(err, DFL_ERR_NOMEM, "out of memory creating the drafter context");
+            if (ds->h_swa == NULL || ds->swa_off == NULL) error_set(err, DFL_ERR_NOMEM, "out of memory creating the drafter context");
             drafter_state_free(ds);
             return NULL;
         }
@@ -101,6 +103,7 @@ void drafter_state_free(drafter_state *ds) {
     free(ds->conf);
     free(ds->lens_all);
     free(ds->h_swa);
+    free(ds->swa_off);
     if (ds->swa_buf) backend_buffer_free(ds->swa_buf);
     dspark_state_free(ds->dspark);
     free(ds);
@@ -112,26 +115,30 @@ const float *drafter_confidence(const dfl_context *d) {
     return d->dr != NULL && d->dr->conf_valid ? d->dr->conf : NULL;
 }
 
-/* Sliding-window layers: the masks of the plan (d->h_mask) with, in addition, every cell at
- * least n_swa positions before the query masked (llama.cpp's standard window: a key at p0 is
- * hidden from a query at p1 when p1 - p0 >= n_swa); uploaded to ds->swa_mask. */
+/* Sliding-window layers: additive masks [n_kv, n_g] per group, packed (group gi at
+ * ds->swa_off[gi]): row i of a group (position len + i, cell len + i) sees cell c when the plan's
+ * rule allows it (causal: c <= len + i; the non-causal block: every cell of the group) and c is
+ * inside the window (llama.cpp's standard window: a key at p0 is hidden from a query at p1 when
+ * p1 - p0 >= n_swa); uploaded to ds->swa_mask. */
 static void swa_masks_upload(dfl_context *d, int64_t n_groups) {
     drafter_state *ds = d->dr;
     const int64_t n_swa = d->model->dflash.sliding_window;
-    size_t n_mask = 0;
+    size_t off = 0;
     for (int64_t gi = 0; gi < n_groups; gi++) {
         const ctx_group *g = &d->groups[gi];
-        const float *src = d->h_mask + g->mask_off;
-        float *dst = ds->h_swa + g->mask_off;
+        const int64_t len = g->n_kv - g->n;
+        float *m = ds->h_swa + off;
+        ds->swa_off[gi] = off;
         for (int64_t i = 0; i < g->n; i++) {
-            const int64_t qpos = d->h_pos[g->r0 + i];
+            const int64_t qpos = len + i;
             for (int64_t c = 0; c < g->n_kv; c++) {
-                dst[i * g->n_kv + c] = qpos - c >= n_swa ? -INFINITY : src[i * g->n_kv + c];
+                const bool seen = (!g->causal || c <= qpos) && qpos - c < n_swa;
+                m[i * g->n_kv + c] = seen ? 0.0f : -INFINITY;
             }
         }
-        n_mask = g->mask_off + (size_t)g->n_kv * (size_t)g->n;
+        off += (size_t)g->n_kv * (size_t)g->n;
     }
-    op_write(d->queue, fwd_vec_head(&ds->swa_mask, (int64_t)n_mask), ds->h_swa, n_mask * sizeof(float));
+    op_write(d->queue, fwd_vec_head(&ds->swa_mask, (int64_t)off), ds->h_swa, off * sizeof(float));
 }
 
 /* Validation limits of an injection batch. */
@@ -282,7 +289,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         d->h_bidx[r] = e;
     }
     n_out = fwd_output_rows(d, ds->blk_out, n);
-    fwd_upload_inputs(d, n, n_groups);
+    fwd_upload_inputs(d, n);
     backend_queue *q = d->queue;
     ctx_scratch *s = &d->s;
     tensor x = tensor_rows(&s->x, 0, n);                               /* [n_embd, n] */
@@ -292,7 +299,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     if (opt->swa_layer != NULL) swa_masks_upload(d, n_groups);
     for (int64_t il = 0; il < hp->n_layer; il++) {
         const bool swa = opt->swa_layer != NULL && opt->swa_layer[il];
-        fwd_attention_block_mask(d, il, x, n, n_groups, swa ? &ds->swa_mask : &s->mask);
+        fwd_attention_block_mask(d, il, x, n, n_groups, swa ? &ds->swa_mask : NULL, swa ? ds->swa_off : NULL);
         fwd_ffn_block(d, il, x, n);
     }
     /* head on slots 1..len_i of every block, in entry order (packed) */
@@ -312,6 +319,8 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
         backend_queue_synchronize(q);
         for (int64_t r = 0; r < n_out && !flagged; r++) flagged = out[r] < 0;
+        /* no Markov chain ran: no row is a DSpark draft, all are flagged (the session cuts them) */
+        for (int64_t r = 0; r < n_out && flagged; r++) out[r] = out[r] < 0 ? out[r] : -1;
     }
     if (ds->dspark != NULL && !flagged) {
         /* DSpark: the Markov bias chained over the rows (drafts = argmax of the biased rows),

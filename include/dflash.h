@@ -187,6 +187,10 @@ typedef struct dfl_hparams {
     bool has_token_embd;   /* drafter ships its own token_embd */
     bool has_output;       /* drafter ships its own output head */
     bool causal;           /* dflash.attention.causal (default false) */
+    /* drafter variants (docs/drafter.md, "DSpark") */
+    int64_t n_draft_max;   /* most drafts one block gives: block_size - 1, or block_size (anchor-first DSpark) */
+    bool dspark;           /* DSpark Markov head present */
+    bool dspark_confidence;/* DSpark confidence head present (draft length from draft_p_min) */
 } dfl_hparams;
 
 DFL_API const dfl_hparams *dfl_model_hparams(const dfl_model *model);
@@ -409,9 +413,10 @@ typedef struct dfl_engine_params {
     bool async;               /* queues run on worker threads */
     dfl_device device;        /* default DFL_DEVICE_CPU */
     /* speculative decoding (read only with a drafter; docs/drafter.md) */
-    int32_t n_draft;          /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
+    int32_t n_draft;          /* draft tokens per step, 1..n_draft_max (block_size-1, or block_size for an
+                               * anchor-first DSpark drafter); 0: n_draft_max */
     int32_t n_draft_min;      /* adaptive draft length from n_draft_min (0: always n_draft) */
-    float draft_p_min;        /* drafter-probability cut, in [0, 1]; 0: off */
+    float draft_p_min;        /* drafter-probability cut (DSpark: confidence cut), in [0, 1]; 0: off */
     dfl_feature_path features;/* default DFL_FEATURES_DEVICE (falls back to host copies) */
     dfl_feature_wait wait;
     size_t feature_buffer_max;/* bytes; above it features go through host memory; 0: no cap */

@@ -207,12 +207,14 @@ void cli_print_common_help(FILE *out) {
             "  --stop TEXT             stop before TEXT (repeatable, up to 16)\n"
             "  --ignore-eos            do not stop at end-of-generation tokens\n"
             "  --chat                  wrap the prompt in the ChatML template (non-thinking)\n"
-            "  --draft-max N           draft tokens per step, at most (default block_size - 1)\n"
+            "  --draft-max N           draft tokens per step, at most (default block_size - 1;\n"
+            "                          block_size for an anchor-first DSpark drafter)\n"
             "  --draft-min N           adaptive draft length between N and --draft-max: +2 after a\n"
             "                          fully accepted draft, -1 after a rejection (0: always\n"
             "                          --draft-max; default " CLI_DRAFT_MIN_STR ")\n"
             "  --draft-p-min P         verify drafts only up to the first one the drafter gives a\n"
-            "                          probability below P (0: the whole block; default " CLI_DRAFT_P_MIN_STR ")\n"
+            "                          probability below P (0: the whole block; default " CLI_DRAFT_P_MIN_STR ");\n"
+            "                          a DSpark drafter cuts on its confidence head instead\n"
             "  --features host|device  how target features reach the drafter (default device;\n"
             "                          env DFLASH_FEATURES)\n"
             "  --feature-wait host|device  where the drafter waits for the target's features\n"
@@ -356,10 +358,11 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
         }
     }
     const dfl_hparams *dh = spec ? dfl_model_hparams(s->drafter) : NULL;
-    const int32_t n_draft = spec ? (o->draft_max > 0 ? o->draft_max : (int32_t)dh->block_size - 1) : 0;
-    if (spec && n_draft > dh->block_size - 1) {
-        fprintf(stderr, "dflash %s: --draft-max %d is above the drafter's block_size - 1 = %lld\n", cmd, n_draft,
-                (long long)(dh->block_size - 1));
+    const int32_t n_draft = spec ? (o->draft_max > 0 ? o->draft_max : (int32_t)dh->n_draft_max) : 0;
+    if (spec && n_draft > dh->n_draft_max) {
+        fprintf(stderr, "dflash %s: --draft-max %d is above the drafter's %s = %lld\n", cmd, n_draft,
+                dh->n_draft_max == dh->block_size ? "block_size (anchor-first DSpark)" : "block_size - 1",
+                (long long)dh->n_draft_max);
         return 1;
     }
     if (spec && o->draft_min > n_draft) {

@@ -144,6 +144,11 @@ static void print_hparams_text(const dfl_hparams *hp) {
         for (int64_t i = 0; i < hp->n_target_layers; i++) printf("%s%d", i ? ", " : "", hp->target_layers[i]);
         printf("], mask_token_id %" PRId64 ", attention %s, token_embd %s\n", hp->mask_token_id,
                hp->causal ? "causal" : "non-causal", hp->has_token_embd ? "own" : "target's");
+        if (hp->dspark) {
+            printf("  DSpark: Markov head, %s, drafts per block up to %" PRId64 " (%s)\n",
+                   hp->dspark_confidence ? "confidence head" : "no confidence head", hp->n_draft_max,
+                   hp->n_draft_max == hp->block_size ? "anchor-first" : "bonus anchor");
+        }
     }
 }
 
@@ -169,6 +174,9 @@ static void print_hparams_json(jsonw *w, const dfl_hparams *hp) {
         jsonw_arr_end(w);
         jsonw_key(w, "mask_token_id"); jsonw_int(w, hp->mask_token_id);
         jsonw_key(w, "causal"); jsonw_bool(w, hp->causal);
+        jsonw_key(w, "n_draft_max"); jsonw_int(w, hp->n_draft_max);
+        jsonw_key(w, "dspark"); jsonw_bool(w, hp->dspark);
+        jsonw_key(w, "dspark_confidence"); jsonw_bool(w, hp->dspark_confidence);
     }
     jsonw_obj_end(w);
 }

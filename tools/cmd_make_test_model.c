@@ -32,6 +32,17 @@ typedef struct tm_opts {
     bool tied;
     uint64_t seed;
     double std;
+    /* drafter variants (docs/drafter.md, "DSpark", "Drafter options") */
+    int64_t dspark_rank;     /* 0: plain DFlash; else the Markov rank R */
+    bool dspark_conf;        /* confidence head (default on) */
+    bool bonus_anchor;       /* dflash.sample_from_anchor = false */
+    double markov_std;       /* std of markov_w1 / markov_w2 (default 0.5: a bias that matters) */
+    float markov_scale;      /* markov_w2.scale; 0: not written */
+    bool causal;             /* dflash.attention.causal = true */
+    int64_t swa;             /* dflash.attention.sliding_window; 0: none */
+    bool swa_pattern[TM_MAX_TARGET_LAYERS]; /* per drafter layer (default: alternate, layer 0 sliding) */
+    bool swa_pattern_set;
+    float logit_scale, softcap, embedding_scale; /* 0: not written */
 } tm_opts;
 
 /* ---- PRNG: splitmix64 seeding xoshiro256** ---------------------------------------------------- */
@@ -239,6 +250,50 @@ static bool make_target(const tm_opts *o, const test_vocab *v, const char *path)
     return ok;
 }
 
+/* A [n] f32 tensor of N(0, std) (a scalar bias / scale: n = 1, or an explicit value). */
+static bool add_f32_values(tm_file *f, const char *name, int64_t n, const float *values) {
+    float *data = tm_alloc(f, (size_t)n * sizeof(float));
+    if (data == NULL) return false;
+    memcpy(data, values, (size_t)n * sizeof(float));
+    int64_t ne[1] = {n};
+    if (gguf_writer_add_tensor(f->w, name, QUANT_TYPE_F32, 1, ne, data, (size_t)n * sizeof(float), &f->err) != DFL_OK) {
+        fprintf(stderr, "make-test-model: %s\n", f->err.msg);
+        return false;
+    }
+    f->n_bytes += (uint64_t)n * sizeof(float);
+    return true;
+}
+
+/* The drafter options' keys and the DSpark heads in the converter's layout (docs/drafter.md). */
+static bool add_drafter_variants(tm_file *f, const tm_opts *o) {
+    gguf_writer *w = f->w;
+    if (o->causal) gguf_writer_set_bool(w, "dflash.attention.causal", true);
+    if (o->swa > 0) {
+        gguf_writer_set_u32(w, "dflash.attention.sliding_window", (uint32_t)o->swa);
+        bool pat[TM_MAX_TARGET_LAYERS];
+        for (int64_t i = 0; i < o->draft_layers; i++) pat[i] = o->swa_pattern_set ? o->swa_pattern[i] : i % 2 == 0;
+        gguf_writer_set_arr_num(w, "dflash.attention.sliding_window_pattern", GGUF_TYPE_BOOL, pat, (size_t)o->draft_layers);
+    }
+    if (o->logit_scale != 0.0f) gguf_writer_set_f32(w, "dflash.logit_scale", o->logit_scale);
+    if (o->softcap != 0.0f) gguf_writer_set_f32(w, "dflash.final_logit_softcapping", o->softcap);
+    if (o->embedding_scale != 0.0f) gguf_writer_set_f32(w, "dflash.embedding_scale", o->embedding_scale);
+    if (o->dspark_rank <= 0) return true;
+    const int64_t R = o->dspark_rank;
+    gguf_writer_set_bool(w, "dflash.sample_from_anchor", !o->bonus_anchor);
+    gguf_writer_set_bool(w, "dflash.has_confidence_head", o->dspark_conf);
+    bool ok = add_matrix(f, "markov_w1.weight", R, o->n_vocab, o->wtype, o->markov_std); /* [R, n_vocab] */
+    ok = ok && add_matrix(f, "markov_w2.weight", R, o->n_vocab, o->wtype, o->markov_std); /* [R, n_vocab] */
+    if (ok && o->markov_scale != 0.0f) ok = add_f32_values(f, "markov_w2.scale", 1, &o->markov_scale); /* [1] */
+    if (ok && o->dspark_conf) {
+        ok = add_matrix(f, "conf_proj.weight", o->n_embd + R, 1, o->wtype, 0.3); /* [n_embd + R, 1] */
+        tm_rng r;
+        rng_init(&r, f->seed, f->tag, "conf_proj.bias");
+        const float b = (float)(0.5 * rng_normal(&r));
+        ok = ok && add_f32_values(f, "conf_proj.bias", 1, &b); /* [1] */
+    }
+    return ok;
+}
+
 static bool make_drafter(const tm_opts *o, const test_vocab *v, const char *path) {
     tm_file f = {.w = gguf_writer_new(), .tag = "drafter", .seed = o->seed};
     if (f.w == NULL) {
@@ -258,11 +313,16 @@ static bool make_drafter(const tm_opts *o, const test_vocab *v, const char *path
     for (int64_t il = 0; ok && il < o->draft_layers; il++) {
         ok = add_block(&f, o, il, true);
     }
+    ok = ok && add_drafter_variants(&f, o);
     ok = ok && write_file(&f, path);
     if (ok) {
         printf("wrote %s: dflash drafter, %lld layers, block size %lld, target layers", path,
                (long long)o->draft_layers, (long long)o->block_size);
         for (int i = 0; i < o->n_target_layers; i++) printf("%s%d", i ? "," : " ", o->target_layers[i]);
+        if (o->dspark_rank > 0) {
+            printf(", DSpark rank %lld%s%s", (long long)o->dspark_rank, o->dspark_conf ? " + confidence" : "",
+                   o->bonus_anchor ? ", bonus anchor" : ", anchor-first");
+        }
         printf(", %.2f MB\n", (double)f.n_bytes / 1e6);
     }
     tm_file_free(&f);
@@ -294,7 +354,19 @@ static void usage(FILE *out) {
             "  --type T              f32|f16|bf16|q8_0|q4_0: type of the 2D weights (default f32)\n"
             "  --tied | --untied     output head tied to token_embd (default tied)\n"
             "  --seed N              (default 42)\n"
-            "  --std S               weight standard deviation (default 0.02)\n");
+            "  --std S               weight standard deviation (default 0.02)\n"
+            "drafter variants (docs/drafter.md, \"DSpark\" and \"Drafter options\"):\n"
+            "  --dspark-rank R       a DSpark drafter with Markov rank R (default 0: plain DFlash)\n"
+            "  --no-confidence       DSpark without the confidence head\n"
+            "  --bonus-anchor        DSpark with dflash.sample_from_anchor = false (default true)\n"
+            "  --markov-std S        std of markov_w1/markov_w2 (default 0.5)\n"
+            "  --markov-scale S      write markov_w2.scale = S\n"
+            "  --causal              dflash.attention.causal = true\n"
+            "  --swa N               dflash.attention.sliding_window = N\n"
+            "  --swa-pattern B,..    per drafter layer 1 (sliding) or 0 (default: 1,0,1,..)\n"
+            "  --logit-scale S       dflash.logit_scale\n"
+            "  --softcap C           dflash.final_logit_softcapping\n"
+            "  --embedding-scale S   dflash.embedding_scale\n");
 }
 
 static bool parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
@@ -381,6 +453,15 @@ static bool validate(tm_opts *o, size_t min_vocab) {
             }
         }
     }
+    if (o->swa > 0 && o->draft_layers > TM_MAX_TARGET_LAYERS) {
+        fprintf(stderr, "make-test-model: --swa with more than %d drafter layers\n", TM_MAX_TARGET_LAYERS);
+        return false;
+    }
+    if (o->dspark_rank > 0 && ti->blck_size > 1 && o->dspark_rank % ti->blck_size != 0) {
+        fprintf(stderr, "make-test-model: --type %s needs --dspark-rank (%lld) to be a multiple of its block size %lld\n",
+                ti->name, (long long)o->dspark_rank, (long long)ti->blck_size);
+        return false;
+    }
     if (o->n_target_layers == 0) default_layers(o);
     for (int i = 0; i < o->n_target_layers; i++) {
         if (o->target_layers[i] < 1 || o->target_layers[i] > o->n_layer) {
@@ -418,6 +499,7 @@ int cmd_make_test_model(int argc, char **argv) {
         .arch = "qwen3", .n_embd = 64, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .head_dim = 16,
         .n_ff = 128, .n_vocab = 1024, .n_ctx_train = 4096, .draft_layers = 1, .block_size = 16,
         .wtype = QUANT_TYPE_F32, .tied = true, .seed = 42, .std = 0.02,
+        .dspark_conf = true, .markov_std = 0.5,
     };
     const int64_t big = (int64_t)1 << 20;
     for (int i = 1; i < argc; i++) {
@@ -433,11 +515,22 @@ int cmd_make_test_model(int argc, char **argv) {
         } else if (strcmp(a, "--untied") == 0) {
             o.tied = false;
             takes = false;
+        } else if (strcmp(a, "--no-confidence") == 0) {
+            o.dspark_conf = false;
+            takes = false;
+        } else if (strcmp(a, "--bonus-anchor") == 0) {
+            o.bonus_anchor = true;
+            takes = false;
+        } else if (strcmp(a, "--causal") == 0) {
+            o.causal = true;
+            takes = false;
         } else if (val == NULL) {
             static const char *const k_valued[] = {"-o", "--target", "--drafter", "--arch", "--n-embd", "--n-layer",
                                                    "--n-head", "--n-head-kv", "--head-dim", "--n-ff", "--n-vocab",
                                                    "--n-ctx-train", "--draft-layers", "--block-size", "--target-layers",
-                                                   "--type", "--seed", "--std"};
+                                                   "--type", "--seed", "--std", "--dspark-rank", "--markov-std",
+                                                   "--markov-scale", "--swa", "--swa-pattern", "--logit-scale",
+                                                   "--softcap", "--embedding-scale"};
             bool known = false;
             for (size_t k = 0; k < sizeof(k_valued) / sizeof(k_valued[0]); k++) known |= strcmp(a, k_valued[k]) == 0;
             if (known) fprintf(stderr, "make-test-model: option %s needs a value\n", a);
@@ -494,6 +587,34 @@ int cmd_make_test_model(int argc, char **argv) {
                 return 2;
             }
             o.seed = s;
+        } else if (strcmp(a, "--dspark-rank") == 0) {
+            ok = parse_int(a, val, 0, 4096, &o.dspark_rank);
+        } else if (strcmp(a, "--swa") == 0) {
+            ok = parse_int(a, val, 1, (int64_t)1 << 30, &o.swa);
+        } else if (strcmp(a, "--swa-pattern") == 0) {
+            int64_t n = 0;
+            for (const char *p = val; ok && *p; p++) {
+                if ((*p == '0' || *p == '1') && n < TM_MAX_TARGET_LAYERS) o.swa_pattern[n++] = *p == '1';
+                else if (*p != ',') ok = false;
+            }
+            o.swa_pattern_set = true;
+            if (!ok || n == 0) {
+                fprintf(stderr, "make-test-model: --swa-pattern expects comma-separated 0/1, got '%s'\n", val);
+                return 2;
+            }
+        } else if (strcmp(a, "--markov-std") == 0 || strcmp(a, "--markov-scale") == 0 || strcmp(a, "--logit-scale") == 0 ||
+                   strcmp(a, "--softcap") == 0 || strcmp(a, "--embedding-scale") == 0) {
+            char *end;
+            const double v = strtod(val, &end);
+            if (*val == '\0' || *end != '\0' || !(v > 0.0 && v < 1e6)) {
+                fprintf(stderr, "make-test-model: %s expects a positive number, got '%s'\n", a, val);
+                return 2;
+            }
+            if (strcmp(a, "--markov-std") == 0) o.markov_std = v;
+            else if (strcmp(a, "--markov-scale") == 0) o.markov_scale = (float)v;
+            else if (strcmp(a, "--logit-scale") == 0) o.logit_scale = (float)v;
+            else if (strcmp(a, "--softcap") == 0) o.softcap = (float)v;
+            else o.embedding_scale = (float)v;
         } else if (strcmp(a, "--std") == 0) {
             char *end;
             o.std = strtod(val, &end);

@@ -211,11 +211,13 @@ dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, co
     int32_t n_draft = 0;
     if (drafter != NULL) {
         const dfl_hparams *dh = dfl_model_hparams(drafter);
-        n_draft = p.n_draft > 0 ? p.n_draft : (int32_t)dh->block_size - 1;
-        if (p.n_draft < 0 || n_draft < 1 || n_draft > dh->block_size - 1 || n_draft > DFL_MAX_DRAFT - 1) {
-            error_set(err, DFL_ERR_INVALID, "engine: draft length %d is outside 1..%lld (the drafter's block_size %lld - 1)",
-                      p.n_draft, (long long)(dh->block_size - 1 < DFL_MAX_DRAFT - 1 ? dh->block_size - 1 : DFL_MAX_DRAFT - 1),
-                      (long long)dh->block_size);
+        /* n_draft_max: block_size - 1, or block_size for an anchor-first DSpark drafter */
+        n_draft = p.n_draft > 0 ? p.n_draft : (int32_t)dh->n_draft_max;
+        if (n_draft > DFL_MAX_DRAFT - 1 && p.n_draft <= 0) n_draft = DFL_MAX_DRAFT - 1;
+        if (p.n_draft < 0 || n_draft < 1 || n_draft > dh->n_draft_max || n_draft > DFL_MAX_DRAFT - 1) {
+            error_set(err, DFL_ERR_INVALID, "engine: draft length %d is outside 1..%lld (the drafter's block_size %lld%s)",
+                      p.n_draft, (long long)(dh->n_draft_max < DFL_MAX_DRAFT - 1 ? dh->n_draft_max : DFL_MAX_DRAFT - 1),
+                      (long long)dh->block_size, dh->n_draft_max == dh->block_size ? "" : " - 1");
             return NULL;
         }
         if (p.n_draft_min < 0 || p.n_draft_min > n_draft) {

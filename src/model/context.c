@@ -37,6 +37,10 @@ dfl_status ctx_weights_bind(ctx_weights *w, const dfl_model *m, dfl_error *err) 
     w->output_norm = ctx_tensor_from_gguf(m->output_norm);
     if (m->fc) w->fc = ctx_tensor_from_gguf(m->fc);
     if (m->enc_output_norm) w->enc_norm = ctx_tensor_from_gguf(m->enc_output_norm);
+    if (m->dspark.markov_w1) {
+        w->markov_w1 = ctx_tensor_from_gguf(m->dspark.markov_w1);
+        w->markov_w2 = ctx_tensor_from_gguf(m->dspark.markov_w2);
+    }
     for (int64_t il = 0; il < m->hp.n_layer; il++) {
         const model_layer *L = &m->layers[il];
         ctx_layer_w *o = &w->layers[il];
@@ -183,6 +187,12 @@ static dfl_status drafter_check_target(const dfl_model *d, const dfl_context_par
                              t->link->capture_layers[j], (long long)j, hp->target_layers[j]);
         }
     }
+    /* DSpark: the Markov head indexes and scores the target's vocabulary */
+    if (d->dspark.markov_w1 != NULL && (d->dspark.markov_w1->ne[1] != th->n_vocab || d->dspark.markov_w2->ne[1] != th->n_vocab)) {
+        return error_set(err, DFL_ERR_MISMATCH, "DSpark markov_w1/markov_w2 have %lld/%lld rows; the target's vocabulary "
+                         "has %lld tokens", (long long)d->dspark.markov_w1->ne[1], (long long)d->dspark.markov_w2->ne[1],
+                         (long long)th->n_vocab);
+    }
     if (p->n_seq > t->kv.n_seq) {
         return error_set(err, DFL_ERR_INVALID, "drafter n_seq %d exceeds the target's %lld", p->n_seq, (long long)t->kv.n_seq);
     }
@@ -229,14 +239,6 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
         return NULL;
     }
     if (hp->arch == DFL_ARCH_DFLASH && drafter_check_target(model, &p, err) != DFL_OK) return NULL;
-    if (hp->arch == DFL_ARCH_DFLASH && (model->dflash.final_logit_softcapping != 0.0f || model->dflash.sliding_window > 0 ||
-                                        model->dflash.sample_from_anchor)) {
-        error_set(err, DFL_ERR_UNSUPPORTED, "%s: drafter features not supported yet: %s", model->path,
-                  model->dflash.final_logit_softcapping != 0.0f ? "final_logit_softcapping"
-                  : model->dflash.sliding_window > 0           ? "sliding-window attention"
-                                                               : "sample_from_anchor");
-        return NULL;
-    }
     dfl_context *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL) {
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
@@ -253,7 +255,7 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
         const int64_t n_block = (int64_t)p.n_seq * hp->block_size;
         if (ctx->n_ub < n_block) ctx->n_ub = n_block;
         if (ctx->params.n_batch < n_block) ctx->params.n_batch = n_block;
-        if (ctx->n_out_max < (int64_t)p.n_seq * (hp->block_size - 1)) ctx->n_out_max = (int64_t)p.n_seq * (hp->block_size - 1);
+        if (ctx->n_out_max < (int64_t)p.n_seq * hp->n_draft_max) ctx->n_out_max = (int64_t)p.n_seq * hp->n_draft_max;
         p.share_backend = p.target;
     }
     ctx->n_embd = hp->n_embd;

@@ -51,6 +51,8 @@ typedef struct ctx_weights {
     tensor output;       /* [n_embd, n_vocab] */
     tensor fc;           /* drafter: [n_cap*n_embd, n_embd] */
     tensor enc_norm;     /* drafter: [n_embd] */
+    tensor markov_w1;    /* DSpark drafter: [R, n_vocab] (data NULL otherwise) */
+    tensor markov_w2;    /* DSpark drafter: [R, n_vocab] */
     bool has_token_embd, has_output;
     ctx_layer_w *layers; /* [n_layer] */
 } ctx_weights;
@@ -143,11 +145,16 @@ dfl_context *drafter_target(const dfl_context *d);
 dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err);
 /* Drafts one block per sequence: [last, MASK x len] at positions seq_len .. seq_len+len,
  * non-causal over the injected context, len = lens[i] (1..n_draft; lens NULL: n_draft for all,
- * n_draft <= B-1); writes the len argmax tokens of sequence i to out [n, n_draft] (row i, stride
+ * n_draft <= the model's n_draft_max: B-1, or B for anchor-first DSpark, whose block is
+ * [last, MASK x (len-1)] with every row a draft row); writes the len argmax tokens of sequence i to out [n, n_draft] (row i, stride
  * n_draft) and, if logits_out is not NULL, their logits [n, n_draft, n_vocab]. The block's K/V
  * are dropped afterwards. */
 dfl_status drafter_draft(dfl_context *d, int32_t n, const int32_t *seqs, const int32_t *last, int32_t n_draft,
                          const int32_t *lens, int32_t *out, float *logits_out, dfl_error *err);
+
+/* DSpark with a confidence head: the confidences of the last drafter_draft's rows, laid out like
+ * its `out` ([n, n_draft], row i stride n_draft); NULL otherwise (docs/drafter.md, "DSpark"). */
+const float *drafter_confidence(const dfl_context *d);
 
 /* Binds the model's weights as backend tensors. */
 dfl_status ctx_weights_bind(ctx_weights *w, const dfl_model *model, dfl_error *err);

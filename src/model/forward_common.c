@@ -114,6 +114,11 @@ void fwd_write_kv(dfl_context *ctx, int64_t il, tensor h, int64_t n) {
 }
 
 void fwd_attention_block(dfl_context *ctx, int64_t il, tensor x, int64_t n, int64_t n_groups) {
+    fwd_attention_block_mask(ctx, il, x, n, n_groups, NULL, NULL);
+}
+
+void fwd_attention_block_mask(dfl_context *ctx, int64_t il, tensor x, int64_t n, int64_t n_groups, const tensor *mask,
+                              const size_t *mask_off) {
     const dfl_hparams *hp = &ctx->model->hp;
     const ctx_layer_w *L = &ctx->w.layers[il];
     backend_queue *q = ctx->queue;
@@ -148,7 +153,13 @@ void fwd_attention_block(dfl_context *ctx, int64_t il, tensor x, int64_t n, int6
         qg = tensor_reshape_3d(&qg, hd_k, hp->n_head, g->n);                /* [hd_k, n_head, n_g] */
         tensor og = tensor_rows(&att, g->r0, g->n);
         og = tensor_reshape_3d(&og, hd_v, hp->n_head, g->n);                /* [hd_v, n_head, n_g] */
-        op_attention_structured(q, og, qg, kc, vc, g->causal ? BACKEND_ATTN_CAUSAL : BACKEND_ATTN_FULL, 0.0f);
+        if (mask != NULL) {
+            tensor mg = tensor_2d(QUANT_TYPE_F32, (float *)mask->data + mask_off[gi], g->n_kv, g->n); /* [n_kv, n_g] */
+            mg.buf = mask->buf;
+            op_attention(q, og, qg, kc, vc, mg, 0.0f);
+        } else {
+            op_attention_structured(q, og, qg, kc, vc, g->causal ? BACKEND_ATTN_CAUSAL : BACKEND_ATTN_FULL, 0.0f);
+        }
     }
     /* x += Wo att */
     op_matmul(q, h, L->wo, att);

@@ -25,6 +25,10 @@ void fwd_embed_inputs(dfl_context *ctx, const batch_ubatch *ub, const tensor *to
 void fwd_capture(dfl_context *ctx, int64_t id, tensor x, int64_t n);
 /* x += Wo attention(rmsnorm(x) * attn_norm) for layer il; writes K/V at the rows' cells. */
 void fwd_attention_block(dfl_context *ctx, int64_t il, tensor x, int64_t n, int64_t n_groups);
+/* The same with explicit additive masks (the drafter's sliding-window layers): group gi's mask
+ * [n_kv, n_g] f32 starts mask_off[gi] floats into `mask`; mask NULL: the structured kinds. */
+void fwd_attention_block_mask(dfl_context *ctx, int64_t il, tensor x, int64_t n, int64_t n_groups, const tensor *mask,
+                              const size_t *mask_off);
 /* x += Wdown(silu(Wgate h) * Wup h), h = rmsnorm(x) * ffn_norm. */
 void fwd_ffn_block(dfl_context *ctx, int64_t il, tensor x, int64_t n);
 /* K/V of layer il from hidden rows h [n_embd, n] (no attn_norm), roped at pos, into the cache:

@@ -32,21 +32,34 @@ typedef struct model_layer {
     const gguf_tensor *ffn_down;    /* [n_ff, n_embd] */
 } model_layer;
 
-/* Drafter-only settings (docs/drafter.md). */
+/* Drafter-only settings (docs/drafter.md, "Drafter options"). */
 typedef struct model_dflash {
     bool causal;                    /* dflash.attention.causal (default false: non-causal block) */
-    int64_t sliding_window;         /* 0 = none */
-    int64_t sliding_window_pattern; /* every n-th layer is full attention; 0 = all sliding */
-    float logit_scale;              /* 1.0 if absent */
+    int64_t sliding_window;         /* dflash.attention.sliding_window; 0 = none */
+    bool *swa_layer;                /* [n_layer] dflash.attention.sliding_window_pattern (NULL: none) */
+    float logit_scale;              /* dflash.logit_scale, > 0; 1.0 if absent */
     float final_logit_softcapping;  /* 0 = none */
-    bool sample_from_anchor;        /* DSpark */
+    float embedding_scale;          /* dflash.embedding_scale on the block's input embeddings; 1 if absent */
+    bool sample_from_anchor;        /* dflash.sample_from_anchor (absent: true); used by DSpark only */
 } model_dflash;
+
+/* DSpark heads (docs/drafter.md, "DSpark"); markov_w1 == NULL: not a DSpark drafter. */
+typedef struct model_dspark {
+    const gguf_tensor *markov_w1;   /* [R, n_vocab] rows indexed by the previous token */
+    const gguf_tensor *markov_w2;   /* [R, n_vocab] bias projection */
+    const gguf_tensor *conf_proj;   /* [n_embd + R] (stored [n_embd + R, 1]); NULL: no confidence head */
+    float markov_scale;             /* markov_w2.scale, 1 if absent */
+    float conf_bias;                /* conf_proj.bias, 0 if absent */
+    int64_t rank;                   /* R */
+    bool anchor_first;              /* sample_from_anchor: row 0 of the block is a draft row */
+} model_dspark;
 
 struct dfl_model {
     char *path;
     gguf_file *gguf;
     dfl_hparams hp;
     model_dflash dflash;
+    model_dspark dspark;
     const gguf_tensor *token_embd;      /* [n_embd, n_vocab]; NULL for a drafter without one */
     const gguf_tensor *output_norm;     /* [n_embd] f32 */
     const gguf_tensor *output;          /* [n_embd, n_vocab]; == token_embd when tied; NULL for a drafter without one */

@@ -205,6 +205,8 @@ static dfl_status load_hparams(const gguf_file *f, const char *arch, dfl_hparams
     return DFL_OK;
 }
 
+static dfl_status load_dflash_options(const gguf_file *f, dfl_model *m, dfl_error *err);
+
 static dfl_status load_dflash_hparams(const gguf_file *f, dfl_model *m, dfl_error *err) {
     dfl_hparams *hp = &m->hp;
     dfl_status st;
@@ -244,20 +246,63 @@ static dfl_status load_dflash_hparams(const gguf_file *f, dfl_model *m, dfl_erro
     hp->mask_token_id = st == DFL_OK ? mask : -1;
     if ((st = read_bool(f, "dflash", "attention.causal", false, &m->dflash.causal, err))) return st;
     hp->causal = m->dflash.causal;
-    if ((st = read_int(f, "dflash", "attention.sliding_window", 0, 0, (int64_t)1 << 31, &m->dflash.sliding_window,
-                       err))) {
+    if ((st = load_dflash_options(f, m, err))) return st;
+    return DFL_OK;
+}
+
+/* ---- drafter options (docs/drafter.md, "Drafter options") --------------------------------- */
+
+/* Sliding-window layers, logit scale and softcap, embedding scale, sample_from_anchor. */
+static dfl_status load_dflash_options(const gguf_file *f, dfl_model *m, dfl_error *err) {
+    const dfl_hparams *hp = &m->hp;
+    model_dflash *o = &m->dflash;
+    dfl_status st;
+    if ((st = read_int(f, "dflash", "attention.sliding_window", 0, 0, (int64_t)1 << 31, &o->sliding_window, err))) {
         return st;
     }
-    if ((st = read_int(f, "dflash", "attention.sliding_window_pattern", 0, 0, MODEL_MAX_LAYERS,
-                       &m->dflash.sliding_window_pattern, err))) {
+    if (o->sliding_window > 0) {
+        /* llama.cpp reads the pattern as a required per-layer array (true = sliding layer) */
+        const gguf_kv *kv = NULL;
+        dfl_error e2 = {0};
+        st = gguf_get_arr(f, "dflash.attention.sliding_window_pattern", GGUF_TYPE_COUNT, &kv, &e2);
+        if (st == DFL_ERR_MISSING) {
+            return error_set(err, DFL_ERR_MISSING, "dflash.attention.sliding_window = %lld needs the key "
+                             "dflash.attention.sliding_window_pattern (a bool per layer), which is missing",
+                             (long long)o->sliding_window);
+        }
+        if (st != DFL_OK) {
+            return error_set(err, DFL_ERR_MISMATCH, "dflash.attention.sliding_window_pattern must be an array of %lld "
+                             "bools (one per layer): %s", (long long)hp->n_layer, e2.msg);
+        }
+        if ((int64_t)kv->arr_n != hp->n_layer) {
+            return error_set(err, DFL_ERR_FORMAT, "dflash.attention.sliding_window_pattern has %llu entries, expected %lld "
+                             "(one per layer)", (unsigned long long)kv->arr_n, (long long)hp->n_layer);
+        }
+        o->swa_layer = calloc((size_t)hp->n_layer, sizeof(bool));
+        if (o->swa_layer == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory");
+        for (int64_t il = 0; il < hp->n_layer; il++) {
+            int64_t v = 0;
+            if (!gguf_arr_int(kv, (uint64_t)il, &v)) {
+                return error_set(err, DFL_ERR_MISMATCH, "dflash.attention.sliding_window_pattern must be a bool array "
+                                 "(found %s elements)", gguf_type_name(kv->arr_type));
+            }
+            o->swa_layer[il] = v != 0;
+        }
+    }
+    if ((st = read_float(f, "dflash", "logit_scale", 1.0, false, &o->logit_scale, err))) return st;
+    if (!(o->logit_scale > 0.0f)) {
+        return error_set(err, DFL_ERR_FORMAT, "dflash.logit_scale = %g must be positive", (double)o->logit_scale);
+    }
+    if ((st = read_float(f, "dflash", "final_logit_softcapping", 0.0, false, &o->final_logit_softcapping, err))) {
         return st;
     }
-    if ((st = read_float(f, "dflash", "logit_scale", 1.0, false, &m->dflash.logit_scale, err))) return st;
-    if ((st = read_float(f, "dflash", "final_logit_softcapping", 0.0, false, &m->dflash.final_logit_softcapping,
-                         err))) {
-        return st;
+    if (!(o->final_logit_softcapping >= 0.0f)) {
+        return error_set(err, DFL_ERR_FORMAT, "dflash.final_logit_softcapping = %g must be >= 0 (0: none)",
+                         (double)o->final_logit_softcapping);
     }
-    if ((st = read_bool(f, "dflash", "sample_from_anchor", false, &m->dflash.sample_from_anchor, err))) return st;
+    if ((st = read_float(f, "dflash", "embedding_scale", 0.0, false, &o->embedding_scale, err))) return st;
+    if (o->embedding_scale == 0.0f) o->embedding_scale = 1.0f; /* 0 or absent: none (as llama.cpp's hparam) */
+    if ((st = read_bool(f, "dflash", "sample_from_anchor", true, &o->sample_from_anchor, err))) return st;
     return DFL_OK;
 }
 
@@ -289,6 +334,89 @@ static void bind_layers(dfl_model *m, bind_report *r) {
         L->ffn_down = bind(f, r, NAME("ffn_down.weight"), BIND_MATRIX, 2, n_ff, n_embd, false);
     }
 #undef NAME
+}
+
+/* ---- DSpark heads (docs/drafter.md, "DSpark") --------------------------------------------- */
+
+/* A scalar f32 tensor [1] (markov_w2.scale, conf_proj.bias); dflt if absent. */
+static float bind_scalar(const gguf_file *f, bind_report *r, const char *name, float dflt) {
+    const gguf_tensor *t = bind(f, r, name, BIND_NORM, 1, 1, 1, true);
+    if (t == NULL) return dflt;
+    float v = 0.0f;
+    if (!quant_dequantize_row(t->type, t->data, &v, 1) || !(v == v)) {
+        report_add(r, DFL_ERR_FORMAT, "%s: not a usable number", name);
+        return dflt;
+    }
+    return v;
+}
+
+/* Binds the Markov and confidence heads when markov_w1.weight is present (n_vocab: the drafter's
+ * vocabulary size, or 0 when it has none: then markov_w1's row count, checked against the
+ * target's when a drafter context is created). */
+static void bind_dspark(dfl_model *m, bind_report *r) {
+    const gguf_file *f = m->gguf;
+    dfl_hparams *hp = &m->hp;
+    model_dspark *d = &m->dspark;
+    const gguf_tensor *w1 = gguf_find_tensor(f, "markov_w1.weight");
+    const bool has_conf_key = gguf_find_kv(f, "dflash.has_confidence_head") != NULL;
+    if (w1 == NULL) {
+        static const char *const dspark_only[] = {"markov_w2.weight", "markov_w2.scale", "conf_proj.weight", "conf_proj.bias"};
+        for (size_t i = 0; i < sizeof(dspark_only) / sizeof(dspark_only[0]); i++) {
+            if (gguf_find_tensor(f, dspark_only[i]) != NULL) {
+                report_add(r, DFL_ERR_MISSING, "%s is present but markov_w1.weight (the DSpark Markov head) is missing",
+                           dspark_only[i]);
+            }
+        }
+        if (has_conf_key) report_add(r, DFL_ERR_FORMAT, "dflash.has_confidence_head is set but the file has no DSpark heads");
+        return;
+    }
+    if (gguf_find_tensor(f, "d2t") != NULL) {
+        report_add(r, DFL_ERR_UNSUPPORTED, "d2t: a reduced draft vocabulary is not supported (the Markov head must cover "
+                   "the target's vocabulary)");
+    }
+    const int64_t rank = w1->ne[0];
+    const int64_t n_vocab = hp->n_vocab > 0 ? hp->n_vocab : (w1->n_dims >= 2 ? w1->ne[1] : 0);
+    if (rank < 1 || rank > ((int64_t)1 << 16) || n_vocab < 1) {
+        report_add(r, DFL_ERR_MISMATCH, "markov_w1.weight: expected [R, n_vocab] with 1 <= R <= 65536, found R = %lld, "
+                   "n_vocab = %lld", (long long)rank, (long long)n_vocab);
+        return;
+    }
+    d->rank = rank;
+    d->markov_w1 = bind(f, r, "markov_w1.weight", BIND_MATRIX, 2, rank, n_vocab, false);
+    d->markov_w2 = bind(f, r, "markov_w2.weight", BIND_MATRIX, 2, rank, n_vocab, false);
+    d->markov_scale = bind_scalar(f, r, "markov_w2.scale", 1.0f);
+    d->conf_proj = bind(f, r, "conf_proj.weight", BIND_MATRIX, 1, hp->n_embd + rank, 1, true);
+    d->conf_bias = bind_scalar(f, r, "conf_proj.bias", 0.0f);
+    if (gguf_find_tensor(f, "conf_proj.weight") == NULL && gguf_find_tensor(f, "conf_proj.bias") != NULL) {
+        report_add(r, DFL_ERR_MISSING, "conf_proj.bias is present but conf_proj.weight is missing");
+    }
+    if (has_conf_key) {
+        bool want = false;
+        dfl_error e2 = {0};
+        if (gguf_get_bool(f, "dflash.has_confidence_head", &want, &e2) != DFL_OK) {
+            report_add(r, DFL_ERR_MISMATCH, "%s", e2.msg);
+        } else if (want != (gguf_find_tensor(f, "conf_proj.weight") != NULL)) {
+            report_add(r, DFL_ERR_MISSING, "dflash.has_confidence_head = %s but conf_proj.weight is %s",
+                       want ? "true" : "false", want ? "missing" : "present");
+        }
+    }
+    d->anchor_first = m->dflash.sample_from_anchor;
+    if (d->markov_w1 == NULL || d->markov_w2 == NULL) d->markov_w1 = NULL;
+}
+
+/* Tensors llama.cpp's dflash model may carry that change the result and that we do not run:
+ * refused by name rather than silently ignored (per-tensor dequantization scales of FP8 exports,
+ * attention sinks). */
+static void refuse_unsupported_drafter_tensors(const gguf_file *f, bind_report *r) {
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_str nm = gguf_tensor_at(f, i)->name;
+        const int len = (int)(nm.len > 63 ? 63 : nm.len);
+        const bool is_scale = nm.len > 6 && memcmp(nm.ptr + nm.len - 6, ".scale", 6) == 0 && !gguf_str_eq(nm, "markov_w2.scale");
+        bool is_sink = false;
+        for (uint64_t k = 0; k + 10 <= nm.len && !is_sink; k++) is_sink = memcmp(nm.ptr + k, "attn_sinks", 10) == 0;
+        if (is_scale) report_add(r, DFL_ERR_UNSUPPORTED, "%.*s: per-tensor weight scales are not supported", len, nm.ptr);
+        if (is_sink) report_add(r, DFL_ERR_UNSUPPORTED, "%.*s: attention sinks are not supported", len, nm.ptr);
+    }
 }
 
 /* n_vocab from token_embd, or from the tokenizer's token list when the model has no embedding. */
@@ -353,6 +481,11 @@ static dfl_status bind_all(dfl_model *m, dfl_error *err) {
     if (drafter) {
         m->fc = bind(f, &r, "fc.weight", BIND_MATRIX, 2, hp->n_target_layers * hp->n_embd, hp->n_embd, false);
         m->enc_output_norm = bind(f, &r, "enc.output_norm.weight", BIND_NORM, 1, hp->n_embd, 1, false);
+        bind_dspark(m, &r);
+        refuse_unsupported_drafter_tensors(f, &r);
+        hp->dspark = m->dspark.markov_w1 != NULL;
+        hp->dspark_confidence = m->dspark.conf_proj != NULL;
+        hp->n_draft_max = hp->dspark && m->dspark.anchor_first ? hp->block_size : hp->block_size - 1;
     }
     bind_layers(m, &r);
     if (r.n_problems > 0) {
@@ -431,6 +564,7 @@ dfl_model *dfl_model_load(const char *path, const dfl_model_params *params, dfl_
 void dfl_model_free(dfl_model *model) {
     if (model == NULL) return;
     gguf_close(model->gguf);
+    free(model->dflash.swa_layer);
     free(model->layers);
     free(model->path);
     free(model);

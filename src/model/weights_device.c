@@ -24,6 +24,8 @@ static void rebase_all(ctx_weights *w, const dfl_model *m, const uint8_t *lo, si
     rebase(&w->output, lo, n, buf);
     rebase(&w->fc, lo, n, buf);
     rebase(&w->enc_norm, lo, n, buf);
+    rebase(&w->markov_w1, lo, n, buf);
+    rebase(&w->markov_w2, lo, n, buf);
     for (int64_t il = 0; il < m->hp.n_layer; il++) {
         ctx_layer_w *L = &w->layers[il];
         tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->q_norm,

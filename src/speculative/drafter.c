@@ -12,9 +12,14 @@
  *     (the block is the trained one, B positions, when k = B-1; a shorter draft leaves out the
  *     trailing masks, whose outputs nobody reads, and costs (k+1)/B of a full pass; on the
  *     embedded pair the drafts of the kept positions come out the same, see models/README.md)
- *     drop the block's K/V (keep positions < start)                                          */
+ *     drop the block's K/V (keep positions < start)
+ *   options (docs/drafter.md, "Drafter options"): causal block, sliding-window layers (their
+ *   own masks), embedding scale on x, logit scale, softcap (on the logits handed back);
+ *   DSpark (drafter_dspark.c): anchor-first blocks [last, MASK x (k-1)] with every row a draft
+ *   row, the greedy Markov chain over the head's rows, the confidence head.                */
 #include "model/context.h"
 #include "model/forward_common.h"
+#include "speculative/drafter_dspark.h"
 #include "base/error.h"
 
 #include <math.h>
@@ -31,6 +36,15 @@ struct drafter_state {
     int32_t *blk_seq;
     bool *blk_out;
     float logit_scale;     /* dflash logit scale of the head */
+    /* drafter options and DSpark (docs/drafter.md, "Drafter options", "DSpark") */
+    dspark_state *dspark;  /* NULL: not a DSpark drafter */
+    float *conf;           /* [n_seq * n_draft_max] DSpark confidences of the last draft (stride n_draft) */
+    bool conf_valid;       /* the last draft produced confidences */
+    int32_t *lens_all;     /* [n_seq] */
+    backend_buffer *swa_buf; /* sliding-window layers' masks (swa_masks_upload) */
+    tensor swa_mask;
+    float *h_swa;          /* [n_ctx * n_ub] */
+    size_t *swa_off;       /* [n_ub] float offset of each group's mask */
 };
 
 drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error *err) {
@@ -48,10 +62,32 @@ drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error 
     ds->blk_seq = calloc((size_t)n, sizeof(int32_t));
     ds->blk_out = calloc((size_t)n, sizeof(bool));
     ds->logit_scale = d->model->dflash.logit_scale;
-    if (!ds->h_erow || !ds->h_feat || !ds->blk_tok || !ds->blk_pos || !ds->blk_seq || !ds->blk_out) {
+    ds->conf = calloc((size_t)(d->kv.n_seq * d->model->hp.n_draft_max), sizeof(float));
+    ds->lens_all = calloc((size_t)d->kv.n_seq, sizeof(int32_t));
+    if (!ds->h_erow || !ds->h_feat || !ds->blk_tok || !ds->blk_pos || !ds->blk_seq || !ds->blk_out || !ds->conf ||
+        !ds->lens_all) {
         drafter_state_free(ds);
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the drafter context");
         return NULL;
+    }
+    if (d->model->dflash.swa_layer != NULL) {
+        const size_t n_mask = (size_t)d->kv.n_ctx * (size_t)n;
+        ds->h_swa = calloc(n_mask, sizeof(float));
+        ds->swa_off = calloc((size_t)n, sizeof(size_t));
+        ds->swa_buf = ds->h_swa != NULL && ds->swa_off != NULL ? backend_buffer_alloc(d->be, n_mask * sizeof(float), err) : NULL;
+        if (ds->swa_buf == NULL) {
+            if (ds->h_swa == NULL || ds->swa_off == NULL) error_set(err, DFL_ERR_NOMEM, "out of memory creating the drafter context");
+            drafter_state_free(ds);
+            return NULL;
+        }
+        ds->swa_mask = tensor_in_buffer(ds->swa_buf, 0, QUANT_TYPE_F32, (int64_t)n_mask, 1);
+    }
+    if (d->model->dspark.markov_w1 != NULL) {
+        ds->dspark = dspark_state_new(d, err);
+        if (ds->dspark == NULL) {
+            drafter_state_free(ds);
+            return NULL;
+        }
     }
     return ds;
 }
@@ -64,10 +100,46 @@ void drafter_state_free(drafter_state *ds) {
     free(ds->blk_pos);
     free(ds->blk_seq);
     free(ds->blk_out);
+    free(ds->conf);
+    free(ds->lens_all);
+    free(ds->h_swa);
+    free(ds->swa_off);
+    if (ds->swa_buf) backend_buffer_free(ds->swa_buf);
+    dspark_state_free(ds->dspark);
     free(ds);
 }
 
 dfl_context *drafter_target(const dfl_context *d) { return d->dr != NULL ? d->dr->target : NULL; }
+
+const float *drafter_confidence(const dfl_context *d) {
+    return d->dr != NULL && d->dr->conf_valid ? d->dr->conf : NULL;
+}
+
+/* Sliding-window layers: additive masks [n_kv, n_g] per group, packed (group gi at
+ * ds->swa_off[gi]): row i of a group (position len + i, cell len + i) sees cell c when the plan's
+ * rule allows it (causal: c <= len + i; the non-causal block: every cell of the group) and c is
+ * inside the window (llama.cpp's standard window: a key at p0 is hidden from a query at p1 when
+ * p1 - p0 >= n_swa); uploaded to ds->swa_mask. */
+static void swa_masks_upload(dfl_context *d, int64_t n_groups) {
+    drafter_state *ds = d->dr;
+    const int64_t n_swa = d->model->dflash.sliding_window;
+    size_t off = 0;
+    for (int64_t gi = 0; gi < n_groups; gi++) {
+        const ctx_group *g = &d->groups[gi];
+        const int64_t len = g->n_kv - g->n;
+        float *m = ds->h_swa + off;
+        ds->swa_off[gi] = off;
+        for (int64_t i = 0; i < g->n; i++) {
+            const int64_t qpos = len + i;
+            for (int64_t c = 0; c < g->n_kv; c++) {
+                const bool seen = (!g->causal || c <= qpos) && qpos - c < n_swa;
+                m[i * g->n_kv + c] = seen ? 0.0f : -INFINITY;
+            }
+        }
+        off += (size_t)g->n_kv * (size_t)g->n;
+    }
+    op_write(d->queue, fwd_vec_head(&ds->swa_mask, (int64_t)off), ds->h_swa, off * sizeof(float));
+}
 
 /* Validation limits of an injection batch. */
 static void inject_limits(const dfl_context *d, const dfl_batch *b, batch_limits *lim) {
@@ -152,13 +224,15 @@ dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err
 dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, const int32_t *last, int32_t n_draft,
                          const int32_t *lens, int32_t *out, float *logits_out, dfl_error *err) {
     const dfl_hparams *hp = &d->model->hp;
-    const int64_t B = hp->block_size;
+    const int64_t K = hp->n_draft_max;
+    /* anchor-first DSpark: row 0 (the anchor) is a draft row, the block has len rows */
+    const bool anchor_first = d->model->dspark.markov_w1 != NULL && d->model->dspark.anchor_first;
     if (n_active <= 0 || n_active > d->kv.n_seq) {
         return error_set(err, DFL_ERR_INVALID, "draft: %d sequences (expected 1..%lld)", n_active, (long long)d->kv.n_seq);
     }
-    if (n_draft < 1 || n_draft > B - 1) {
-        return error_set(err, DFL_ERR_INVALID, "draft length %d is outside 1..%lld (block_size - 1)", n_draft,
-                         (long long)(B - 1));
+    if (n_draft < 1 || n_draft > K) {
+        return error_set(err, DFL_ERR_INVALID, "draft length %d is outside 1..%lld (%s)", n_draft, (long long)K,
+                         anchor_first ? "block_size, anchor-first DSpark" : "block_size - 1");
     }
     for (int32_t i = 0; i < n_active; i++) {
         if (seqs[i] < 0 || seqs[i] >= d->kv.n_seq) {
@@ -187,14 +261,16 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     int64_t n = 0;
     for (int32_t i = 0; i < n_active; i++) {
         const int64_t start = d->kv.seq_len[seqs[i]];
-        const int64_t nb = (lens != NULL ? lens[i] : n_draft) + 1;
+        ds->lens_all[i] = lens != NULL ? lens[i] : n_draft;
+        const int64_t nb = ds->lens_all[i] + (anchor_first ? 0 : 1);
         for (int64_t k = 0; k < nb; k++, n++) {
             ds->blk_tok[n] = k == 0 ? last[i] : (int32_t)hp->mask_token_id;
             ds->blk_pos[n] = (int32_t)(start + k);
             ds->blk_seq[n] = seqs[i];
-            ds->blk_out[n] = k >= 1;
+            ds->blk_out[n] = anchor_first || k >= 1;
         }
     }
+    ds->conf_valid = false;
     batch_ubatch ub;
     memset(&ub, 0, sizeof(ub));
     ub.n_tokens = n;
@@ -218,8 +294,12 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     ctx_scratch *s = &d->s;
     tensor x = tensor_rows(&s->x, 0, n);                               /* [n_embd, n] */
     fwd_embed_inputs(d, &ub, &d->w.token_embd, x, n);
+    const model_dflash *opt = &d->model->dflash;
+    if (opt->embedding_scale != 1.0f) op_scale(q, x, x, opt->embedding_scale);
+    if (opt->swa_layer != NULL) swa_masks_upload(d, n_groups);
     for (int64_t il = 0; il < hp->n_layer; il++) {
-        fwd_attention_block(d, il, x, n, n_groups);
+        const bool swa = opt->swa_layer != NULL && opt->swa_layer[il];
+        fwd_attention_block_mask(d, il, x, n, n_groups, swa ? &ds->swa_mask : NULL, swa ? ds->swa_off : NULL);
         fwd_ffn_block(d, il, x, n);
     }
     /* head on slots 1..len_i of every block, in entry order (packed) */
@@ -229,15 +309,44 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     op_rmsnorm(q, x_out, x_out, &d->w.output_norm, hp->norm_eps);
     tensor logits = tensor_rows(&s->logits, 0, n_out);                /* [n_vocab, n_out] */
     op_matmul(q, logits, d->w.output, x_out);
-    if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
-    tensor amax = fwd_vec_head(&s->ids, n_out);                           /* [n_out] i32 */
-    op_argmax(q, amax, logits);
-    op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
+    bool flagged = false;
+    if (ds->dspark != NULL) {
+        /* DSpark: the chain feeds each row's argmax to the next row's get_rows, so a NaN/Inf in
+         * the head's rows (flagged by ARGMAX as a negative id) must stop it first; the Markov
+         * weights were checked finite and bounded when the context was created */
+        tensor amax = fwd_vec_head(&s->ids, n_out);                       /* [n_out] i32 */
+        op_argmax(q, amax, logits);
+        op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
+        backend_queue_synchronize(q);
+        for (int64_t r = 0; r < n_out && !flagged; r++) flagged = out[r] < 0;
+        /* no Markov chain ran: no row is a DSpark draft, all are flagged (the session cuts them) */
+        for (int64_t r = 0; r < n_out && flagged; r++) out[r] = out[r] < 0 ? out[r] : -1;
+    }
+    if (ds->dspark != NULL && !flagged) {
+        /* DSpark: the Markov bias chained over the rows (drafts = argmax of the biased rows),
+         * then the logit scale on the biased rows */
+        dspark_chain_enqueue(d, ds->dspark, logits, x_out, n_active, last, ds->lens_all);
+        if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
+    } else if (ds->dspark == NULL) {
+        if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
+        tensor amax = fwd_vec_head(&s->ids, n_out);                       /* [n_out] i32 */
+        op_argmax(q, amax, logits);
+        op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
+    }
     if (logits_out != NULL) {
         op_read(q, logits_out, logits, (size_t)n_out * (size_t)d->n_vocab * sizeof(float));
     }
     backend_queue_synchronize(q);
     d->pending = false;
+    if (ds->dspark != NULL && !flagged) {
+        dspark_finish(d, ds->dspark, n_active, last, ds->lens_all, out, d->model->dspark.conf_proj ? ds->conf : NULL);
+        ds->conf_valid = d->model->dspark.conf_proj != NULL;
+    }
+    /* final logit softcapping: monotone, so it changes the drafter's probabilities, not its drafts */
+    const float cap = opt->final_logit_softcapping;
+    if (logits_out != NULL && cap > 0.0f) {
+        for (size_t i = 0; i < (size_t)n_out * (size_t)d->n_vocab; i++) logits_out[i] = cap * tanhf(logits_out[i] / cap);
+    }
     if (lens != NULL) {
         /* outputs came packed (sequence i's len_i rows after those of sequences < i): spread them
          * to stride n_draft, last sequence first (its packed offset is <= its strided one) */
@@ -246,6 +355,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
             off -= lens[i];
             const int64_t dst = (int64_t)i * n_draft;
             memmove(out + dst, out + off, (size_t)lens[i] * sizeof(int32_t));
+            if (ds->conf_valid) memmove(ds->conf + dst, ds->conf + off, (size_t)lens[i] * sizeof(float));
             if (logits_out != NULL) {
                 memmove(logits_out + dst * d->n_vocab, logits_out + off * d->n_vocab,
                         (size_t)lens[i] * (size_t)d->n_vocab * sizeof(float));

@@ -97,14 +97,21 @@ spec_session *spec_new(dfl_context *tgt, dfl_context *dft, const spec_params *pa
     }
     spec_params p = params ? *params : spec_default_params();
     const dfl_hparams *dh = &dft->model->hp;
-    if (p.n_draft == 0) p.n_draft = (int32_t)(dh->block_size - 1);
+    if (p.n_draft == 0) p.n_draft = (int32_t)dh->n_draft_max;
     if (!(p.draft_p_min >= 0.0f && p.draft_p_min <= 1.0f)) {
         error_set(err, DFL_ERR_INVALID, "draft_p_min %g is outside [0, 1]", (double)p.draft_p_min);
         return NULL;
     }
-    if (p.n_draft < 1 || p.n_draft > dh->block_size - 1) {
-        error_set(err, DFL_ERR_INVALID, "draft length %d is outside 1..%lld (the drafter's block_size %lld - 1)", p.n_draft,
-                  (long long)(dh->block_size - 1), (long long)dh->block_size);
+    if (p.n_draft < 1 || p.n_draft > dh->n_draft_max) {
+        error_set(err, DFL_ERR_INVALID, "draft length %d is outside 1..%lld (the drafter's block_size %lld%s)", p.n_draft,
+                  (long long)dh->n_draft_max, (long long)dh->block_size,
+                  dh->n_draft_max == dh->block_size ? ", anchor-first DSpark" : " - 1");
+        return NULL;
+    }
+    /* DSpark: draft_p_min cuts on the confidence head (as llama.cpp), which the file must have */
+    if (dh->dspark && !dh->dspark_confidence && p.draft_p_min > 0.0f) {
+        error_set(err, DFL_ERR_UNSUPPORTED, "draft_p_min %g: this DSpark drafter has no confidence head (conf_proj) to cut "
+                  "the draft with; use draft_p_min 0", (double)p.draft_p_min);
         return NULL;
     }
     if (p.n_draft_min < 0 || p.n_draft_min > p.n_draft) {
@@ -146,7 +153,7 @@ spec_session *spec_new(dfl_context *tgt, dfl_context *dft, const spec_params *pa
     s->vidx = calloc((size_t)n_seq, sizeof(int64_t));
     s->n_use = calloc((size_t)n_seq, sizeof(int32_t));
     s->want = calloc((size_t)n_seq, sizeof(int32_t));
-    if (p.draft_p_min > 0.0f) {
+    if (p.draft_p_min > 0.0f && !dh->dspark) {
         s->dlogits = malloc((size_t)n_seq * (size_t)p.n_draft * (size_t)s->n_vocab * sizeof(float));
     }
     s->verify = dfl_batch_init(n_verify, 0, 1, err);
@@ -172,7 +179,7 @@ spec_session *spec_new(dfl_context *tgt, dfl_context *dft, const spec_params *pa
     s->need_logits = calloc((size_t)n_seq, sizeof(bool));
     if (s->sampler == NULL || s->last == NULL || s->draft == NULL || s->vidx == NULL || s->n_use == NULL || s->want == NULL ||
         s->verify == NULL || s->inject == NULL || s->probs == NULL || s->pbatch == NULL || s->smp == NULL || s->kmax == NULL || s->lens == NULL || s->need_logits == NULL ||
-        (p.draft_p_min > 0.0f && s->dlogits == NULL)) {
+        (p.draft_p_min > 0.0f && !dh->dspark && s->dlogits == NULL)) {
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the speculative session");
         spec_free(s);
         return NULL;
@@ -377,6 +384,14 @@ static int32_t draft_keep(const float *rows, const int32_t *d, int32_t k, int64_
     return k;
 }
 
+/* DSpark: drafts kept before the first row whose confidence is below p_min (llama.cpp's cut). */
+static int32_t conf_keep(const float *conf, int32_t k, float p_min) {
+    for (int32_t j = 0; j < k; j++) {
+        if (conf[j] < p_min) return j;
+    }
+    return k;
+}
+
 /*
  * One speculative step for n sequences:
  *   1. draft: one drafter pass decodes the block [last, MASK x k] of every sequence (non-causal
@@ -455,12 +470,14 @@ dfl_status spec_step_ex(spec_session *s, int32_t n, const int32_t *seqs, int32_t
             }
         }
     }
+    const float *conf = s->params.draft_p_min > 0.0f ? drafter_confidence(s->dft) : NULL;
     for (int32_t i = 0; i < n; i++) {
         const int32_t want = s->lens[i];
         s->n_use[i] = s->dlogits == NULL ? want
                                          : draft_keep(s->dlogits + (size_t)i * (size_t)k * (size_t)s->n_vocab,
                                                       s->draft + (size_t)i * (size_t)k, want, s->n_vocab,
                                                       s->params.draft_p_min);
+        if (conf != NULL) s->n_use[i] = conf_keep(conf + (size_t)i * (size_t)k, want, s->params.draft_p_min);
     }
 
     /* 2. verify */

@@ -17,10 +17,11 @@ typedef struct spec_session spec_session;
 #define SPEC_DRAFT_START 4
 
 typedef struct spec_params {
-    int32_t n_draft;             /* draft tokens per step, 1..block_size-1; 0: block_size-1 */
+    int32_t n_draft;             /* draft tokens per step, 1..n_draft_max (hparams); 0: n_draft_max */
     /* adaptive draft length: a sequence's draft stops before the first token whose drafter
      * probability (softmax of the drafter's logits) is below draft_p_min, so the target verifies
      * only the confident part of the block (0 drafts: a plain decode step). 0: always n_draft.
+     * A DSpark drafter cuts on its confidence head instead (docs/drafter.md, "DSpark").
      * The output is lossless whatever the cut (it depends on the drafter only). */
     float draft_p_min;
     /* adaptive draft length: 0 = always n_draft; else each sequence's draft length moves between

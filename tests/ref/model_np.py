@@ -445,13 +445,19 @@ class Drafter:
             raise ModelError("%s: missing key 'tokenizer.ggml.mask_token_id'" % path)
         self.mask_token_id = _kv_int(g, "tokenizer.ggml.mask_token_id")
         self.causal = bool(g.kv.get("dflash.attention.causal", False))
-        if g.kv.get("dflash.sample_from_anchor", False):
-            raise ModelError("%s: dflash.sample_from_anchor is not supported by the reference" % path)
-        for k in ("dflash.attention.sliding_window", "dflash.attention.sliding_window_pattern"):
-            if g.kv.get(k, 0):
-                raise ModelError("%s: %s is not supported by the reference" % (path, k))
+        # drafter options (docs/drafter.md, "Drafter options"): sliding-window layers (a per-layer
+        # bool pattern), embedding scale; sample_from_anchor is read by the DSpark reference
+        self.sample_from_anchor = bool(g.kv.get("dflash.sample_from_anchor", True))
+        self.n_swa = _kv_int(g, "dflash.attention.sliding_window", 0)
+        self.swa_layers = [False] * hp.n_layer
+        if self.n_swa > 0:
+            pat = g.kv.get("dflash.attention.sliding_window_pattern")
+            if not isinstance(pat, list) or len(pat) != hp.n_layer:
+                raise ModelError("%s: dflash.attention.sliding_window_pattern must list one bool per layer" % path)
+            self.swa_layers = [bool(x) for x in pat]
         self.logit_scale = _kv_float(g, "dflash.logit_scale", 1.0)
         self.softcap = _kv_float(g, "dflash.final_logit_softcapping", 0.0)
+        self.embedding_scale = _kv_float(g, "dflash.embedding_scale", 0.0) or 1.0
 
         e = hp.n_embd
         n_fin = len(tl) * target.n_embd
@@ -511,13 +517,28 @@ class Drafter:
     def forward_block(self, cache, block_tokens, start):
         """Steps 4-5: run the block at positions start.. non-causally over context (< start) + the
         block. Returns logits (B, n_vocab) for every slot (slot 0 included; callers drop it)."""
+        return self.head(self.forward_hidden(cache, block_tokens, start))
+
+    def head(self, h, bias=None):
+        """logits = softcap(logit_scale * (output h + bias)) for normed rows h (n, n_embd)."""
+        logits = h @ self.output.T                                                   # (n, n_vocab)
+        if bias is not None:
+            logits = logits + bias
+        if self.logit_scale != 1.0:
+            logits = logits * self.logit_scale
+        if self.softcap > 0:
+            logits = self.softcap * np.tanh(logits / self.softcap)
+        return logits
+
+    def forward_hidden(self, cache, block_tokens, start):
+        """The block's rows after the last layer and output_norm (B, n_embd): the head's input."""
         hp = self.hp
         toks = np.asarray(block_tokens, dtype=np.int64)
         B = len(toks)
         if B < 1 or (toks < 0).any() or (toks >= self.tok_embd.shape[0]).any():
             raise ModelError("bad block tokens %s" % toks.tolist())
         pos = start + np.arange(B)
-        x = self.tok_embd[toks]                                                      # (B, n_embd)
+        x = self.tok_embd[toks] * self.embedding_scale                               # (B, n_embd)
         for j, L in enumerate(self.layers):
             h = rmsnorm(x, L.attn_norm, hp.eps)
             q, k, v = _qkv(L, hp, h, pos, ROPE_NEOX)                                # block q/k/v
@@ -526,18 +547,18 @@ class Drafter:
             K = np.concatenate([Kc[ctx], k])                                         # (n_ctx + B, Hkv, d)
             V = np.concatenate([Vc[ctx], v])
             mask = None
+            n_ctx = int(ctx.sum())
             if self.causal:
-                n_ctx = int(ctx.sum())
                 mask = np.ones((B, n_ctx + B), dtype=bool)
                 mask[:, n_ctx:] = np.tril(np.ones((B, B), dtype=bool))
+            if self.swa_layers[j]:
+                # a key at position p0 is hidden from a query at p1 when p1 - p0 >= n_swa
+                kpos = np.concatenate([cpos[ctx], pos])
+                win = (pos[:, None] - kpos[None, :]) < self.n_swa
+                mask = win if mask is None else (mask & win)
             a = attention(q, K, V, mask)                                             # (B, H, dv)
             x = _attn_out_ffn(L, hp, x, a)
-        logits = rmsnorm(x, self.output_norm, hp.eps) @ self.output.T                # (B, n_vocab)
-        if self.logit_scale != 1.0:
-            logits = logits * self.logit_scale
-        if self.softcap > 0:
-            logits = self.softcap * np.tanh(logits / self.softcap)
-        return logits
+        return rmsnorm(x, self.output_norm, hp.eps)                                  # (B, n_embd)
 
     def draft(self, cache, last, start, block_size=None):
         """[last, MASK x (B-1)] at start.. -> (draft ids (B-1,), logits (B-1, n_vocab)). The block's

@@ -24,6 +24,10 @@ void fwd_embed_inputs(dfl_context *ctx, const batch_ubatch *ub, const tensor *to
 void fwd_capture(dfl_context *ctx, int64_t id, tensor x, int64_t n);
 /* x += Wo attention(rmsnorm(x) * attn_norm) for layer il; writes K/V at the rows' cells. */
 void fwd_attention_block(dfl_context *ctx, int64_t il, tensor x, int64_t n, int64_t n_groups);
+/* The attention of layer il from already-normed rows h [n_embd, n]: q, K/V (written at the rows'
+ * cells), attention, out [n_embd, n] = Wo att (out may be h; no residual). Uses scratch q, k, v,
+ * att. (fwd_attention_block = rmsnorm + this + residual; DFlash2 convolves h and out.) */
+void fwd_attention_core(dfl_context *ctx, int64_t il, tensor h, tensor out, int64_t n, int64_t n_groups);
 /* x += Wdown(silu(Wgate h) * Wup h), h = rmsnorm(x) * ffn_norm. */
 void fwd_ffn_block(dfl_context *ctx, int64_t il, tensor x, int64_t n);
 /* K/V of layer il from hidden rows h [n_embd, n] (no attn_norm), roped at pos, into the cache:

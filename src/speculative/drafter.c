@@ -15,6 +15,7 @@
  *     drop the block's K/V (keep positions < start)                                          */
 #include "model/context.h"
 #include "model/forward_common.h"
+#include "speculative/drafter_dflash2.h"
 #include "base/error.h"
 
 #include <math.h>
@@ -31,6 +32,7 @@ struct drafter_state {
     int32_t *blk_seq;
     bool *blk_out;
     float logit_scale;     /* dflash logit scale of the head */
+    dflash2_state *d2;     /* DFlash2 drafter (drafter_dflash2.c); NULL otherwise */
 };
 
 drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error *err) {
@@ -53,6 +55,13 @@ drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error 
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the drafter context");
         return NULL;
     }
+    if (d->model->d2 != NULL) {
+        ds->d2 = dflash2_state_new(d, err);
+        if (ds->d2 == NULL) {
+            drafter_state_free(ds);
+            return NULL;
+        }
+    }
     return ds;
 }
 
@@ -64,8 +73,11 @@ void drafter_state_free(drafter_state *ds) {
     free(ds->blk_pos);
     free(ds->blk_seq);
     free(ds->blk_out);
+    dflash2_state_free(ds->d2);
     free(ds);
 }
+
+dflash2_state *drafter_dflash2(const dfl_context *d) { return d->dr != NULL ? d->dr->d2 : NULL; }
 
 dfl_context *drafter_target(const dfl_context *d) { return d->dr != NULL ? d->dr->target : NULL; }
 
@@ -218,7 +230,12 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     ctx_scratch *s = &d->s;
     tensor x = tensor_rows(&s->x, 0, n);                               /* [n_embd, n] */
     fwd_embed_inputs(d, &ub, &d->w.token_embd, x, n);
+    if (ds->d2 != NULL) dflash2_begin(d, ds->d2, &ub, n); /* DFlash2: the conv taps' row shifts */
     for (int64_t il = 0; il < hp->n_layer; il++) {
+        if (ds->d2 != NULL) {
+            dflash2_layer(d, ds->d2, il, x, n, n_groups); /* DFlash2: layers with convolutions */
+            continue;
+        }
         fwd_attention_block(d, il, x, n, n_groups);
         fwd_ffn_block(d, il, x, n);
     }
@@ -230,6 +247,12 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     tensor logits = tensor_rows(&s->logits, 0, n_out);                /* [n_vocab, n_out] */
     op_matmul(q, logits, d->w.output, x_out);
     if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
+    if (ds->d2 != NULL) {
+        /* DFlash2: the selector lattice and its walk give the drafts (drafter_dflash2.c) */
+        dfl_status st = dflash2_select(d, ds->d2, x_out, logits, n_out, n_active, last, n_draft, lens, out, logits_out, err);
+        d->pending = false;
+        return st;
+    }
     tensor amax = fwd_vec_head(&s->ids, n_out);                           /* [n_out] i32 */
     op_argmax(q, amax, logits);
     op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));

@@ -36,7 +36,8 @@ static void d2_close(d2pair *p) {
     memset(p, 0, sizeof(*p));
 }
 
-static bool d2_open(test_ctx *t, d2pair *p, const char *tpath, const char *dpath, int n_seq, int n_draft) {
+static bool d2_open_p(test_ctx *t, d2pair *p, const char *tpath, const char *dpath, int n_seq, int n_draft,
+                      float p_min) {
     memset(p, 0, sizeof(*p));
     dfl_error err = {0};
     p->tm = dfl_model_load(tpath, NULL, &err);
@@ -65,12 +66,17 @@ static bool d2_open(test_ctx *t, d2pair *p, const char *tpath, const char *dpath
     p->dctx = p->tctx ? dfl_context_new(p->dm, &dp, &err) : NULL;
     spec_params sp = spec_default_params();
     sp.n_draft = n_draft;
+    sp.draft_p_min = p_min;
     p->spec = p->dctx ? spec_new(p->tctx, p->dctx, &sp, &err) : NULL;
     if (p->spec == NULL) {
         test_fail(t, __FILE__, __LINE__, "setup: %s", err.msg);
         return false;
     }
     return true;
+}
+
+static bool d2_open(test_ctx *t, d2pair *p, const char *tpath, const char *dpath, int n_seq, int n_draft) {
+    return d2_open_p(t, p, tpath, dpath, n_seq, n_draft, 0.0f);
 }
 
 /* The numbers of the JSON array after "key": into out (at most cap); returns the count or -1. */
@@ -380,6 +386,28 @@ TEST(dflash2_p_min_uses_the_walk) {
         CHECK_EQ_INT(draft[r], (int32_t)lat[r * rl + best]);
         j = best;
     }
+    /* the session verifies exactly the drafts before the first probability below p_min: a cut
+     * between the smallest and the largest of this walk's probabilities */
+    float lo = pr[0], hi = pr[0];
+    for (int r = 1; r < 7; r++) {
+        lo = pr[r] < lo ? pr[r] : lo;
+        hi = pr[r] > hi ? pr[r] : hi;
+    }
+    d2_close(&p);
+    REQUIRE(lo < hi);
+    const float cut = 0.5f * (lo + hi);
+    int expect = 0;
+    float pr_copy[7];
+    if (!d2_open_p(t, &p, tpath, dpath, 1, 7, cut)) { d2_close(&p); return; }
+    CHECK(spec_prefill(p.spec, 0, prompt, 6, &first, &err) == DFL_OK);
+    int32_t seq = 0, toks[8], n_tok = 0, n_drafted = -1;
+    CHECK(spec_step_ex(p.spec, 1, &seq, toks, &n_tok, &n_drafted, &err) == DFL_OK);
+    memcpy(pr_copy, dflash2_last_probs(p.dctx), sizeof(pr_copy));
+    while (expect < 7 && pr_copy[expect] >= cut) expect++;
+    printf("    walk probabilities %.3f..%.3f, cut %.3f: %d of 7 drafts verified\n", (double)lo, (double)hi, (double)cut,
+           n_drafted);
+    CHECK_EQ_INT(n_drafted, expect);
+    CHECK(expect < 7);
     d2_close(&p);
 }
 

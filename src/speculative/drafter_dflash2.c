@@ -5,10 +5,11 @@
  *     c = conv_proj h                                          [2 K G, n] (h: the normed input)
  *     w_t[i, ch] = c[g(ch) + G (t + K s), i] + base[ch, t, s]  (g(ch) = ch / gs)
  *     y[i, ch] = sum_t w_t[i, ch] * v[i - t, ch]               (0 when i - t < 0)
- *   composed of existing backend ops per tap t: a broadcast add of the group coefficients, an add
- *   of the static kernel row, a get_rows that shifts the rows by t inside each block (a row whose
- *   block position is < t reads a zero row), a mul and an accumulate; the order of the f32
- *   operations is llama.cpp's (coefficient + base, times value, summed over taps in order).
+ *   composed of existing backend ops over all taps at once (K + 3 ops): a broadcast add of the
+ *   group coefficients onto zeros, an add of the static kernel rows, one get_rows that gathers
+ *   every row shifted by every tap inside its block (a row whose block position is < t reads a
+ *   zero row), a mul, and the sum over taps in order; the order of the f32 operations is
+ *   llama.cpp's (coefficient + base, times value, summed over taps in order).
  *
  *   selector (host, after the head): per output row the top-k candidates of the logits, their
  *   logits u, gate = selector_hidden e, and
@@ -30,10 +31,10 @@ struct dflash2_state {
     backend_buffer *buf;
     tensor cv;                  /* [n_embd, n_ub + 1] conv source rows; row n_ub stays zero */
     tensor dyn;                 /* [2 K G, n_ub] dynamic coefficients of the current sub-block */
-    tensor w;                   /* [n_embd, n_ub] tap weights, then the tap's term */
-    tensor sh;                  /* [n_embd, n_ub] rows shifted by one tap */
-    tensor zero;                /* [n_embd, n_ub] zeros (never written) */
-    tensor sidx;                /* [n_ub, K] i32 row t: source row of each row for tap t */
+    tensor w;                   /* [n_embd, K, n_ub] tap weights, then the taps' terms */
+    tensor sh;                  /* [n_embd, K * n_ub] row r shifted by tap t at r*K + t */
+    tensor zero;                /* [n_embd, K * n_ub] zeros (never written) */
+    tensor sidx;                /* [K * n_ub] i32 source row of (row r, tap t) at r*K + t */
     tensor gate;                /* [R, n_rows_out] selector gate */
     tensor bases;               /* [n_embd, n_layer * 4 * K] f32 row ((il*2 + f)*2 + s)*K + t */
     backend_buffer *base_buf;
@@ -41,7 +42,7 @@ struct dflash2_state {
     tensor *ffn_proj;           /* [n_layer] [n_embd, 2 K G] */
     tensor sel_hidden;          /* [n_embd, R] */
     const gguf_tensor *sel_pred, *sel_succ; /* [R, n_vocab] in the mapping */
-    int32_t *h_sidx;            /* [K, n_ub] */
+    int32_t *h_sidx;            /* [n_ub, K] */
     float *h_logits;            /* [n_rows_out, n_vocab] */
     float *h_gate;              /* [n_rows_out, R] */
     int32_t *cand;              /* [n_rows_out, k] */
@@ -95,10 +96,10 @@ static size_t d2_layout(dflash2_state *st, backend_buffer *buf) {
     } while (0)
     PLACE(cv, QUANT_TYPE_F32, st->n_embd, st->n_ub + 1);
     PLACE(dyn, QUANT_TYPE_F32, 2 * st->K * st->G, st->n_ub);
-    PLACE(w, QUANT_TYPE_F32, st->n_embd, st->n_ub);
-    PLACE(sh, QUANT_TYPE_F32, st->n_embd, st->n_ub);
-    PLACE(zero, QUANT_TYPE_F32, st->n_embd, st->n_ub);
-    PLACE(sidx, QUANT_TYPE_I32, st->n_ub, st->K);
+    PLACE(w, QUANT_TYPE_F32, st->n_embd, st->K * st->n_ub);
+    PLACE(sh, QUANT_TYPE_F32, st->n_embd, st->K * st->n_ub);
+    PLACE(zero, QUANT_TYPE_F32, st->n_embd, st->K * st->n_ub);
+    PLACE(sidx, QUANT_TYPE_I32, st->K * st->n_ub, 1);
     PLACE(gate, QUANT_TYPE_F32, st->R, st->n_rows_out);
 #undef PLACE
     return off;
@@ -180,10 +181,10 @@ void dflash2_begin(dfl_context *d, dflash2_state *st, const batch_ubatch *ub, in
         const int64_t pib = ub->pos[e * ub->n_pos_sections] - d->kv.seq_len[ub->seq_id[e]]; /* block position */
         for (int64_t t = 0; t < st->K; t++) {
             /* work rows of one sequence are consecutive with ascending positions */
-            st->h_sidx[t * st->n_ub + r] = pib >= t ? (int32_t)(r - t) : (int32_t)st->n_ub;
+            st->h_sidx[r * st->K + t] = pib >= t ? (int32_t)(r - t) : (int32_t)st->n_ub;
         }
     }
-    op_write(d->queue, st->sidx, st->h_sidx, (size_t)(st->K * st->n_ub) * sizeof(int32_t));
+    op_write(d->queue, fwd_vec_head(&st->sidx, st->K * n), st->h_sidx, (size_t)(st->K * n) * sizeof(int32_t));
 }
 
 /* y [n_embd, n] = the side-s convolution of cv's rows 0..n-1 with the coefficients in dyn and the
@@ -191,32 +192,37 @@ void dflash2_begin(dfl_context *d, dflash2_state *st, const batch_ubatch *ub, in
 static void d2_conv(dfl_context *d, dflash2_state *st, int64_t il, int f, int s, tensor y, int64_t n) {
     backend_queue *q = d->queue;
     const int64_t E = st->n_embd, K = st->K, G = st->G, gs = st->gs;
-    tensor w = tensor_rows(&st->w, 0, n);                                 /* [E, n] */
-    const int64_t ne3[4] = {gs, G, n, 1};
-    const size_t nb3[4] = {sizeof(float), (size_t)gs * sizeof(float), (size_t)E * sizeof(float),
-                           (size_t)(E * n) * sizeof(float)};
-    tensor w3 = tensor_view(&st->w, ne3, nb3, 0);                         /* [gs, G, n] */
-    tensor z3 = tensor_view(&st->zero, ne3, nb3, 0);                      /* [gs, G, n] */
-    for (int64_t t = 0; t < K; t++) {
-        const int64_t nec[4] = {1, G, n, 1};
-        const size_t nbc[4] = {sizeof(float), sizeof(float), st->dyn.nb[1], st->dyn.nb[1] * (size_t)n};
-        tensor coef = tensor_view(&st->dyn, nec, nbc, (size_t)(G * (t + K * s)) * sizeof(float)); /* [1, G, n] */
-        op_add(q, w3, z3, coef);                                          /* each channel: its group's coefficient */
-        tensor base = tensor_row(&st->bases, ((il * 2 + f) * 2 + s) * K + t); /* [E] */
-        op_add(q, w, w, base);                                            /* + the static kernel */
-        tensor v = tensor_rows(&st->cv, 0, n);
-        if (t > 0) {
-            v = tensor_rows(&st->sh, 0, n);
-            tensor idx = tensor_row(&st->sidx, t);
-            op_get_rows(q, v, st->cv, fwd_vec_head(&idx, n));             /* rows shifted by t in the block */
-        }
-        if (t == 0) {
-            op_mul(q, y, w, v);
-        } else {
-            op_mul(q, w, w, v);
-            op_add(q, y, y, w);
-        }
+    const size_t fl = sizeof(float);
+    /* w = the group coefficients of every tap, each over its group's channels   [gs, G, K, n] */
+    const int64_t ne4[4] = {gs, G, K, n};
+    const size_t nb4[4] = {fl, (size_t)gs * fl, (size_t)E * fl, (size_t)(E * K) * fl};
+    const int64_t nec[4] = {1, G, K, n};
+    const size_t nbc[4] = {fl, fl, (size_t)G * fl, st->dyn.nb[1]};
+    tensor w4 = tensor_view(&st->w, ne4, nb4, 0);
+    tensor coef = tensor_view(&st->dyn, nec, nbc, (size_t)(G * K * s) * fl);  /* [1, G, K, n] */
+    op_add(q, w4, tensor_view(&st->zero, ne4, nb4, 0), coef);
+    /* w += the static kernel rows of the K taps, broadcast over the rows       [E, K, n] */
+    const int64_t ne3[4] = {E, K, n, 1};
+    const size_t nb3[4] = {fl, (size_t)E * fl, (size_t)(E * K) * fl, (size_t)(E * K * n) * fl};
+    tensor w3 = tensor_view(&st->w, ne3, nb3, 0);
+    const int64_t neb[4] = {E, K, 1, 1};
+    const size_t nbb[4] = {fl, (size_t)E * fl, (size_t)(E * K) * fl, (size_t)(E * K) * fl};
+    tensor base = tensor_view(&st->bases, neb, nbb, (size_t)(((il * 2 + f) * 2 + s) * K) * st->bases.nb[1]);
+    op_add(q, w3, w3, base);
+    /* v[t, r] = row r - t of the same block (zero before the block start)      [E, K, n] */
+    tensor v2 = tensor_rows(&st->sh, 0, K * n);
+    op_get_rows(q, v2, st->cv, fwd_vec_head(&st->sidx, K * n));
+    op_mul(q, w3, w3, tensor_view(&st->sh, ne3, nb3, 0));
+    /* y = term_0 + term_1 + ... in tap order */
+    const int64_t ne2[4] = {E, n, 1, 1};
+    const size_t nb2[4] = {fl, (size_t)(E * K) * fl, (size_t)(E * K * n) * fl, (size_t)(E * K * n) * fl};
+    tensor t0 = tensor_view(&st->w, ne2, nb2, 0);
+    if (K == 1) {
+        op_scale(q, y, t0, 1.0f);
+        return;
     }
+    op_add(q, y, t0, tensor_view(&st->w, ne2, nb2, (size_t)E * fl));
+    for (int64_t t = 2; t < K; t++) op_add(q, y, y, tensor_view(&st->w, ne2, nb2, (size_t)(t * E) * fl));
 }
 
 void dflash2_layer(dfl_context *d, dflash2_state *st, int64_t il, tensor x, int64_t n, int64_t n_groups) {

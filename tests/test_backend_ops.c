@@ -1013,16 +1013,24 @@ TEST(backend_light_row_kernels) {
             ks.mul_row(d1, a, b, n);
             kr.mul_row(d2, a, b, n);
             CHECK_MSG(memcmp(d1, d2, (size_t)n * 4) == 0, "mul row (n %lld) differs", (long long)n);
-            /* argmax: plain, a tie (the first wins), an infinity, a NaN (the reference's scan) */
+            /* argmax: plain, a tie (the first wins), an infinity, a NaN (flagged as -1 - first index) */
             CHECK_EQ_INT(ks.argmax_row(a, n), kr.argmax_row(a, n));
             if (n >= 3) {
                 a[n - 1] = 100.0f;
                 a[n / 2] = 100.0f;
                 CHECK_EQ_INT(ks.argmax_row(a, n), kr.argmax_row(a, n));
+                CHECK_EQ_INT(kr.argmax_row(a, n), n / 2);
+                /* a non-finite value anywhere (also in the SIMD tail) flags the row: -1 - its index */
+                a[n - 1] = -INFINITY;
+                CHECK_EQ_INT(ks.argmax_row(a, n), kr.argmax_row(a, n));
+                CHECK_EQ_INT(kr.argmax_row(a, n), -n);
+                a[n - 1] = 100.0f;
                 a[n - 2] = INFINITY;
                 CHECK_EQ_INT(ks.argmax_row(a, n), kr.argmax_row(a, n));
+                CHECK_EQ_INT(kr.argmax_row(a, n), -1 - (n - 2));
                 a[1] = NAN;
                 CHECK_EQ_INT(ks.argmax_row(a, n), kr.argmax_row(a, n));
+                CHECK_EQ_INT(kr.argmax_row(a, n), -2);
             }
             /* f16 rows: round to nearest even, overflow, subnormals */
             fill_f32(&r, a, n, 70000.0f);

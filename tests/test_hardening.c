@@ -8,6 +8,7 @@
 #include "dflash.h"
 #include "base/error.h"
 #include "gguf/gguf.h"
+#include "model/context.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -423,6 +424,49 @@ TEST(hardening_nonfinite_logits_are_an_error) {
     free(lg);
     dfl_context_free(ctx);
     dfl_model_free(m);
+}
+
+/* Greedy decoding without penalties brings back argmax ids, no logits: the ARGMAX op flags a
+ * non-finite row, so a NaN/Inf is still an error (the same message, the batch rolled back), and a
+ * drafter whose logits are not finite is an error, not silently useless drafts. */
+TEST(hardening_nonfinite_argmax_only) {
+    char tgt[512], dft[512], bad[512], args[2048], out[8192];
+    if (!tu_make_models(t, "m", "", tgt, dft, sizeof(tgt))) return;
+    test_path(t, "bad.gguf", bad, sizeof(bad));
+    gguf_edit e = {.fill_tensor = "output_norm.weight", .fill = INFINITY};
+    REQUIRE(gguf_copy_edit(tgt, bad, &e));
+    dfl_error err = {0};
+    dfl_model *m = dfl_model_load(bad, NULL, &err);
+    REQUIRE(m != NULL);
+    dfl_context_params cp = dfl_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = cp.n_threads_batch = 1;
+    dfl_context *ctx = dfl_context_new(m, &cp, &err);
+    REQUIRE(ctx != NULL);
+    const int32_t toks[4] = {10, 11, 12, 13};
+    CHECK_EQ_INT(tu_decode(ctx, 0, toks, 2, NULL, &err), DFL_OK);
+    context_set_argmax_only(ctx, true);
+    dfl_batch *b = dfl_batch_init(2, 0, 1, &err);
+    REQUIRE(b != NULL);
+    for (int32_t i = 2; i < 4; i++) dfl_batch_add_token(b, toks[i], &i, 0, i == 3);
+    CHECK_EQ_INT(dfl_decode(ctx, b, &err), DFL_ERR_FORMAT);
+    dfl_batch_free(b);
+    CHECK_STR_CONTAINS(err.msg, "non-finite logits at position 3 of sequence 0");
+    CHECK_STR_CONTAINS(err.msg, "is not finite");
+    CHECK_EQ_INT(dfl_seq_len(ctx, 0), 2);
+    dfl_context_free(ctx);
+    dfl_model_free(m);
+    /* a broken drafter: every speculative mode stops with the drafter named; --no-spec runs */
+    e.fill = NAN;
+    REQUIRE(gguf_copy_edit(dft, bad, &e));
+    const char *modes[] = {"", "--temp 0.8 --seed 3"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof(args), "generate -m %s -md %s -p 'hello world' -n 8 %s", tgt, bad, modes[k]);
+        CHECK_EQ_INT(run_cli(NULL, args, out, sizeof(out)), 1);
+        CHECK_STR_CONTAINS(out, "non-finite drafter logits at draft slot 1 of sequence 0");
+    }
+    snprintf(args, sizeof(args), "generate -m %s -md %s -p 'hello world' -n 8 --no-spec", tgt, bad);
+    CHECK_EQ_INT(run_cli(NULL, args, out, sizeof(out)), 0);
 }
 
 /* ---- row 14: the context reserve -------------------------------------------------------------- */

@@ -154,7 +154,8 @@ typedef enum backend_op_kind {
     BACKEND_OP_SCALE,      /* dst = a * s */
     BACKEND_OP_COPY,       /* dst = convert(src) (f32 <-> f16 / bf16, any strides) */
     BACKEND_OP_SOFTMAX,    /* dst = softmax(a) per row */
-    BACKEND_OP_ARGMAX,     /* dst[r] = argmax(a[r]) as int32 */
+    BACKEND_OP_ARGMAX,     /* dst[r] = first index of max(a[r]) as int32; a row holding a NaN or
+                            * an Inf gives -1 - (index of its first such value) instead */
     BACKEND_OP_WRITE,      /* dst = host bytes (host -> backend memory, ordered on the queue) */
     BACKEND_OP_READ,       /* host bytes = src (backend memory -> host, ordered on the queue) */
     BACKEND_OP_COUNT,

@@ -408,6 +408,17 @@ dfl_status spec_step_ex(spec_session *s, int32_t n, const int32_t *seqs, int32_t
     double t0 = now_ms();
     dfl_status st = drafter_draft(s->dft, n, seqs, last_of, k, s->lens, s->draft, s->dlogits, err);
     if (st != DFL_OK) return st;
+    /* the drafter's ARGMAX flags a slot whose logits hold a NaN/Inf as -1 - (first such token) */
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t *d = s->draft + (size_t)i * (size_t)k;
+        for (int32_t j = 0; j < s->lens[i]; j++) {
+            if (d[j] < 0) {
+                return error_set(err, DFL_ERR_FORMAT, "non-finite drafter logits at draft slot %d of sequence %d: the "
+                                 "logit of token %d is not finite (NaN or Inf in the drafter's weights, or activations "
+                                 "that overflow)", j + 1, seqs[i], -1 - d[j]);
+            }
+        }
+    }
     double t1 = now_ms();
     s->stats.t_draft_ms += t1 - t0;
     if (s->params.draft_hook != NULL) {

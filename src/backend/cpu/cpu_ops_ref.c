@@ -242,6 +242,9 @@ void cpu_mul_row_ref(float *d, const float *a, const float *b, int64_t n) {
 }
 
 int32_t cpu_argmax_row_ref(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) return (int32_t)(-1 - i); /* the first NaN/Inf, flagged */
+    }
     int32_t best = 0;
     for (int64_t i = 1; i < n; i++) {
         if (x[i] > x[best]) best = (int32_t)i;

@@ -326,15 +326,33 @@ dfl_status dflash2_select(dfl_context *d, dflash2_state *st, tensor x_out, tenso
     int64_t off = 0;
     for (int32_t i = 0; i < n_active; i++) {
         const int64_t L = lens != NULL ? lens[i] : n_draft;
+        /* a position whose logits hold a NaN/Inf ends the walk; it and the rest are flagged as
+         * -1 - (first such token), like the argmax of a DFlash drafter (the session reports it) */
+        int64_t L_ok = L;
+        int32_t flag = 0;
+        for (int64_t p = 1; p <= L && L_ok == L; p++) {
+            const float *lg = st->h_logits + (off + p - 1) * V;
+            for (int64_t v = 0; v < V; v++) {
+                if (!isfinite(lg[v])) {
+                    L_ok = p - 1;
+                    flag = -1 - (int32_t)v;
+                    break;
+                }
+            }
+        }
         /* position 1 follows the anchor; position p >= 2 the candidates of position p - 1 */
-        for (int64_t p = 1; p <= L; p++) {
+        for (int64_t p = 1; p <= L_ok; p++) {
             const int64_t r = off + p - 1;
             if (p == 1) d2_lattice_row(st, r, &last[i], 1);
             else d2_lattice_row(st, r, st->cand + (r - 1) * k, k);
         }
+        for (int64_t p = L_ok + 1; p <= L; p++) {
+            out[(size_t)i * (size_t)n_draft + (size_t)(p - 1)] = flag;
+            st->probs[(size_t)i * (size_t)n_draft + (size_t)(p - 1)] = 0.0f;
+        }
         /* the walk: the best successor of the previous pick (std::max_element: first maximum) */
         int64_t j = 0;
-        for (int64_t p = 1; p <= L; p++) {
+        for (int64_t p = 1; p <= L_ok; p++) {
             const int64_t r = off + p - 1;
             const float *sc = st->lattice + r * (k + k * k) + k + j * k;
             int64_t best = 0;

@@ -129,7 +129,7 @@ TEST(peer_llama_loads_dflash2_drafter) {
          "DFlash2 conv kernel = 4, group = 64, selector rank = 8, top-k = 1"},
     };
     for (int c = 0; c < 2; c++) {
-        char dir[300], cmd[2048], out[8192], name[8];
+        char dir[300], cmd[2048], out[8192], name[16];
         snprintf(name, sizeof(name), "d2_%d", c);
         test_path(t, name, dir, sizeof(dir));
         snprintf(cmd, sizeof(cmd), "%s make-test-model -o %s %s", test_cli_path(), dir, cfg[c][0]);

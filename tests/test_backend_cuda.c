@@ -26,6 +26,7 @@
 #include "base/fp16.h"
 #include "dflash.h"
 #include "speculative/session.h"
+#include "speculative/drafter_dflash2.h" /* DFlash2 drafter on the GPU (end of file) */
 #ifdef DFL_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h"
 #endif
@@ -1499,4 +1500,93 @@ TEST(cuda_op_nonfinite_scores_propagate) {
         }
     }
     env_close(t, &e);
+}
+
+/* ---- DFlash2 drafter on the GPU (docs/drafter.md "DFlash2") --------------------------------------- */
+
+/* The DFlash2 draft pass (convolutions composed of broadcast add/mul and row-shifting get_rows,
+ * selector gate matmul on the device; lattice and walk on the host) on CUDA vs the CPU: block
+ * logits and lattice scores close, walked tokens equal. */
+TEST(cuda_dflash2_draft_vs_cpu) {
+    if (!have_gpu(t)) return;
+    char tpath[512], dpath[512];
+    if (!tu_make_models(t, "d2", TINY " --type f32 --block-size 8 --seed 31 --dflash2 3,8,16,4", tpath, dpath,
+                        sizeof(tpath))) return;
+    dfl_error err = {0};
+    dfl_model *tm = dfl_model_load(tpath, NULL, &err), *dm = tm ? dfl_model_load(dpath, NULL, &err) : NULL;
+    REQUIRE(dm != NULL);
+    const dfl_hparams *dh = dfl_model_hparams(dm);
+    int32_t draft[2][2 * 7], first[2][2];
+    float *logits[2], *lat[2];
+    int64_t rl = 0;
+    const int32_t lens[2] = {7, 4};
+    for (int dev = 0; dev < 2; dev++) {
+        dfl_context_params cp = dfl_context_default_params();
+        cp.n_ctx = 128;
+        cp.n_seq = 2;
+        cp.n_batch = 64;
+        cp.n_outputs = 64;
+        cp.kv_f32 = true;
+        cp.device = dev ? DFL_DEVICE_CUDA : DFL_DEVICE_CPU;
+        cp.n_capture = (int32_t)dh->n_target_layers;
+        cp.capture_layers = dh->target_layers;
+        dfl_context *tc = dfl_context_new(tm, &cp, &err);
+        dfl_context_params dp = dfl_context_default_params();
+        dp.n_seq = 2;
+        dp.target = tc;
+        dp.kv_f32 = true;
+        dfl_context *dc = tc ? dfl_context_new(dm, &dp, &err) : NULL;
+        spec_params sp = spec_default_params();
+        sp.n_draft = 7;
+        spec_session *spec = dc ? spec_new(tc, dc, &sp, &err) : NULL;
+        REQUIRE(spec != NULL);
+        int32_t pa[11], pb[6];
+        for (int i = 0; i < 11; i++) pa[i] = (i * 41 + 3) % 640;
+        for (int i = 0; i < 6; i++) pb[i] = (i * 67 + 9) % 640;
+        CHECK(spec_prefill(spec, 0, pa, 11, &first[dev][0], &err) == DFL_OK);
+        CHECK(spec_prefill(spec, 1, pb, 6, &first[dev][1], &err) == DFL_OK);
+        logits[dev] = malloc(2 * 7 * 640 * sizeof(float));
+        CHECK(drafter_draft(dc, 2, (int32_t[]){0, 1}, first[dev], 7, lens, draft[dev], logits[dev], &err) == DFL_OK);
+        const float *l = dflash2_last_lattice(dc, &rl);
+        REQUIRE(l != NULL);
+        lat[dev] = malloc((size_t)(11 * rl) * sizeof(float));
+        memcpy(lat[dev], l, (size_t)(11 * rl) * sizeof(float));
+        spec_free(spec);
+        dfl_context_free(dc);
+        dfl_context_free(tc);
+    }
+    CHECK(first[0][0] == first[1][0] && first[0][1] == first[1][1]);
+    double el = 0;
+    for (int s = 0; s < 2; s++) {
+        const double e = tu_rel_err(logits[1] + s * 7 * 640, logits[0] + s * 7 * 640, lens[s] * 640);
+        el = e > el ? e : el;
+        for (int j = 0; j < lens[s]; j++) CHECK_EQ_INT(draft[1][s * 7 + j], draft[0][s * 7 + j]);
+    }
+    const double ea = tu_rel_err(lat[1], lat[0], 11 * rl);
+    printf("    DFlash2 draft CUDA vs CPU: block logits rel err %.2e, lattice %.2e\n", el, ea);
+    CHECK(el < 2e-4 && ea < 2e-4);
+    for (int dev = 0; dev < 2; dev++) {
+        free(logits[dev]);
+        free(lat[dev]);
+    }
+    dfl_model_free(dm);
+    dfl_model_free(tm);
+}
+
+/* Greedy speculative output with a DFlash2 drafter on the GPU == the target's own. */
+TEST(cuda_dflash2_spec_greedy_equals_target) {
+    if (!have_gpu(t)) return;
+    static int32_t got[4][SPEC_GEN + 64];
+    const char *types[] = {"f32", "q8_0"};
+    for (int ti = 0; ti < 2; ti++) {
+        char args[512], tpath[512], dpath[512], dir[32];
+        snprintf(args, sizeof(args), TINY " --type %s --block-size 8 --seed %d --dflash2 3,8,32,4", types[ti], 41 + ti);
+        snprintf(dir, sizeof(dir), "d2s_%s", types[ti]);
+        if (!tu_make_models(t, dir, args, tpath, dpath, sizeof(tpath))) return;
+        static const int cases[][4] = {{1, 7, 9, 0}, {2, 7, 20, 1}, {3, 4, 5, 1}, {4, 7, 40, 0}};
+        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+            CHECK(spec_run(t, tpath, dpath, cases[c][0], cases[c][1], cases[c][2],
+                           c % 2 ? DFL_FEATURES_HOST : DFL_FEATURES_DEVICE, cases[c][3], got));
+        }
+    }
 }

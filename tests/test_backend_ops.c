@@ -972,6 +972,22 @@ TEST(backend_op_elementwise) {
         check_light_op(t, "mul broadcast", &op, &ar, nt, true, 0);
         op = mkop(BACKEND_OP_MUL, d, &a, &bs);
         check_light_op(t, "mul scalar per row", &op, &ar, nt, true, 0);
+        op = mkop(BACKEND_OP_ADD, d, &a, &bs);
+        check_light_op(t, "add scalar per row", &op, &ar, nt, true, 0);
+        /* one value per group of rows, read through a strided view (DFlash2's coefficients):
+         * a viewed [40, 25, 8, 9] (n0 = 1000 = 40 x 25), b [1, 25, 8, 1] with row stride 4 bytes */
+        {
+            const int64_t ne4[4] = {40, 25, n2, n1};
+            const size_t nb4[4] = {4, 40 * 4, (size_t)n0 * 4, (size_t)(n0 * n2) * 4};
+            tensor a4 = tensor_view(&a, ne4, nb4, 0), d4 = tensor_view(&d, ne4, nb4, 0);
+            const int64_t neb[4] = {1, 25, n2, 1};
+            const size_t nbb[4] = {4, 4, 25 * 4, (size_t)(25 * n2) * 4};
+            tensor bg = tensor_view(&bb, neb, nbb, 4);
+            op = mkop(BACKEND_OP_ADD, d4, &a4, &bg);
+            check_light_op(t, "add one value per group (strided b)", &op, &ar, nt, true, 0);
+            op = mkop(BACKEND_OP_MUL, d4, &a4, &bg);
+            check_light_op(t, "mul one value per group (strided b)", &op, &ar, nt, true, 0);
+        }
         op = mkop(BACKEND_OP_SWIGLU, d, &a, &b);
         check_light_op(t, "swiglu", &op, &ar, nt, false, 2e-6); /* SIMD exp: ulps */
         op = mkop(BACKEND_OP_SCALE, d, &a, NULL);

@@ -115,3 +115,28 @@ TEST(peer_llama_loads_test_drafter) {
     int rc = test_run(cmd, out, sizeof(out));
     CHECK_MSG(rc == 0 && strstr(out, "\"ok\":true") != NULL, "llama.cpp refused the drafter (%d): %s", rc, out);
 }
+
+/* A DFlash2 drafter of make-test-model (docs/drafter.md "DFlash2") loads in llama.cpp as DFlash2:
+ * its loader creates every conv and selector tensor with the converter's shapes (a tensor it did
+ * not create would fail the load's tensor count) and logs the keys we wrote. Two shapes: quantized
+ * matrices with 2 layers, and f32 with one group over all channels and top-1. */
+TEST(peer_llama_loads_dflash2_drafter) {
+    if (!tu_have_node_package(t, "node-llama-cpp")) return;
+    const char *cfg[][2] = {
+        {"--type q8_0 --n-layer 3 --draft-layers 2 --target-layers 1,3 --block-size 8 --dflash2 3,8,32,4",
+         "DFlash2 conv kernel = 3, group = 8, selector rank = 32, top-k = 4"},
+        {"--type f32 --n-layer 3 --draft-layers 1 --target-layers 1,2 --block-size 6 --dflash2 4,64,8,1",
+         "DFlash2 conv kernel = 4, group = 64, selector rank = 8, top-k = 1"},
+    };
+    for (int c = 0; c < 2; c++) {
+        char dir[300], cmd[2048], out[8192], name[16];
+        snprintf(name, sizeof(name), "d2_%d", c);
+        test_path(t, name, dir, sizeof(dir));
+        snprintf(cmd, sizeof(cmd), "%s make-test-model -o %s %s", test_cli_path(), dir, cfg[c][0]);
+        REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
+        snprintf(cmd, sizeof(cmd), "node %s %s/drafter.gguf --load-only --log-grep DFlash2", PEER_SCRIPT, dir);
+        int rc = test_run(cmd, out, sizeof(out));
+        CHECK_MSG(rc == 0 && strstr(out, "\"ok\":true") != NULL, "llama.cpp refused the DFlash2 drafter (%d): %s", rc, out);
+        CHECK_MSG(strstr(out, cfg[c][1]) != NULL, "llama.cpp did not load it as DFlash2 (%s): %s", cfg[c][1], out);
+    }
+}

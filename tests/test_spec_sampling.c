@@ -88,11 +88,11 @@ static void force_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft)
 
 /* adapt: the adaptive draft length from 1 and the drafter-probability cut at 0.05 (draft lengths
  * 0..3 chosen from the drafter's own probabilities) */
-static bool sample_spec(setup *s, uint64_t seed, forced *f, bool adapt, int32_t out[N_POS]) {
+static bool sample_spec_p(setup *s, uint64_t seed, forced *f, bool adapt, float p_min, int32_t out[N_POS]) {
     dfl_error err = {0};
     spec_params sp = spec_default_params();
     sp.n_draft_min = adapt ? 1 : 0;
-    sp.draft_p_min = adapt ? 0.05f : 0.0f;
+    sp.draft_p_min = adapt ? p_min : 0.0f;
     sp.temp = 1.0f;
     sp.top_k = 8;
     sp.top_p = 1.0f;
@@ -114,6 +114,10 @@ static bool sample_spec(setup *s, uint64_t seed, forced *f, bool adapt, int32_t 
     spec_seq_reset(spec, 0);
     spec_free(spec);
     return ok;
+}
+
+static bool sample_spec(setup *s, uint64_t seed, forced *f, bool adapt, int32_t out[N_POS]) {
+    return sample_spec_p(s, seed, f, adapt, 0.05f, out);
 }
 
 /* Two-sample chi-square over NV bins (bins with few counts merged); returns the statistic and
@@ -301,4 +305,63 @@ TEST(spec_sampling_penalties_lossless) {
     dfl_engine_free(plain);
     dfl_model_free(dm);
     dfl_model_free(tm);
+}
+
+/* ---- DFlash2 (docs/drafter.md "DFlash2") ---------------------------------------------------------- */
+
+/* A DFlash2 drafter's deterministic lattice walk is a point-mass proposal: with the standard
+ * rejection rule (q = one-hot on the draft) the sampled output is distributed exactly as the
+ * target's, with the whole walk and with the walk's own p_min cut. */
+TEST(spec_sampling_dflash2_lossless) {
+    char tp[512], dp[512];
+    if (!tu_make_models(t, "m", "--n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --head-dim 16 --n-ff 128 --n-vocab 640 "
+                        "--type f32 --block-size 4 --std 0.2 --seed 9 --dflash2 2,8,16,4", tp, dp, sizeof(tp))) return;
+    setup s;
+    if (!setup_open(t, &s, tp, dp)) { setup_close(&s); return; }
+    static int plain[N_POS][NV], walk[N_POS][NV], walk_cut[N_POS][NV], forced_cut[N_POS][NV];
+    memset(plain, 0, sizeof(plain));
+    memset(forced_cut, 0, sizeof(forced_cut));
+    memset(walk, 0, sizeof(walk));
+    memset(walk_cut, 0, sizeof(walk_cut));
+    int32_t o[N_POS];
+    forced off = {{0}, false};
+    bool ok = true;
+    for (int r = 0; ok && r < N_RUNS; r++) {
+        ok = sample_plain(&s, 1000 + (uint64_t)r, 1.0f, o);
+        for (int k = 0; ok && k < N_POS; k++) plain[k][o[k]]++;
+    }
+    /* random weights: the walk's own drafts are rarely accepted, so a third run replaces them
+     * with likely tokens (acceptance and rejection both frequent) while the cut still comes from
+     * the walk's probabilities */
+    forced f;
+    f.on = true;
+    for (int k = 0; k < N_POS; k++) {
+        int best = 0;
+        for (int v = 1; v < NV; v++) if (plain[k][v] > plain[k][best]) best = v;
+        f.tok[k] = best;
+    }
+    for (int r = 0; ok && r < N_RUNS; r++) {
+        ok = sample_spec_p(&s, 7000000 + (uint64_t)r, &f, true, 0.6f, o);
+        for (int k = 0; ok && k < N_POS; k++) forced_cut[k][o[k]]++;
+        ok = ok && sample_spec(&s, 5000000 + (uint64_t)r, &off, false, o);
+        for (int k = 0; ok && k < N_POS; k++) walk[k][o[k]]++;
+        ok = ok && sample_spec_p(&s, 8000000 + (uint64_t)r, &off, true, 0.6f, o);
+        for (int k = 0; ok && k < N_POS; k++) walk_cut[k][o[k]]++;
+    }
+    REQUIRE(ok);
+    for (int k = 0; k < N_POS; k++) {
+        int df1, df2, df3;
+        const double c1 = chi2_two_sample(plain[k], walk[k], NV, &df1);
+        const double c2 = chi2_two_sample(plain[k], walk_cut[k], NV, &df2);
+        const double c3 = chi2_two_sample(plain[k], forced_cut[k], NV, &df3);
+        printf("    position %d: chi2 plain vs DFlash2 walk %.1f (df %d, crit %.1f); vs walk with p_min 0.6 and adaptive "
+               "length %.1f (df %d, crit %.1f)\n", k + 1, c1, df1, chi2_crit(df1), c2, df2, chi2_crit(df2));
+        CHECK_MSG(df1 >= 2 && c1 < chi2_crit(df1), "position %d: DFlash2 speculative distribution differs", k + 1);
+        CHECK_MSG(df2 >= 2 && c2 < chi2_crit(df2), "position %d: DFlash2 (p_min, adaptive) distribution differs", k + 1);
+        printf("    position %d: chi2 plain vs forced drafts cut by the walk's p_min %.1f (df %d, crit %.1f)\n", k + 1, c3,
+               df3, chi2_crit(df3));
+        CHECK_MSG(df3 >= 2 && c3 < chi2_crit(df3), "position %d: DFlash2 (forced drafts, walk p_min) distribution differs",
+                  k + 1);
+    }
+    setup_close(&s);
 }

@@ -43,6 +43,9 @@ typedef struct tm_opts {
     bool swa_pattern[TM_MAX_TARGET_LAYERS]; /* per drafter layer (default: alternate, layer 0 sliding) */
     bool swa_pattern_set;
     float logit_scale, softcap, embedding_scale; /* 0: not written */
+    /* DFlash2 drafter (docs/drafter.md "DFlash2"): conv kernel K, group size, selector rank and
+     * top-k; d2_kernel 0 = a plain DFlash drafter */
+    int64_t d2_kernel, d2_group, d2_rank, d2_top_k;
 } tm_opts;
 
 /* ---- PRNG: splitmix64 seeding xoshiro256** ---------------------------------------------------- */
@@ -213,6 +216,54 @@ static bool add_block(tm_file *f, const tm_opts *o, int64_t il, bool qk_norm) {
     return ok;
 }
 
+/* ---- DFlash2 parts ---------------------------------------------------------------------------- */
+
+/* A conv base [n_embd, K, 2] in f32: tap 0 around 1 (the row passes through), the others small. */
+static bool add_conv_base(tm_file *f, const char *name, int64_t n_embd, int64_t K) {
+    const int64_t n = n_embd * K * 2;
+    float *data = tm_alloc(f, (size_t)n * sizeof(float));
+    if (data == NULL) {
+        fprintf(stderr, "make-test-model: out of memory for %s\n", name);
+        return false;
+    }
+    tm_rng r;
+    rng_init(&r, f->seed, f->tag, name);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t tap = (i / n_embd) % K;
+        data[i] = (float)((tap == 0 ? 1.0 : 0.0) + 0.3 * rng_normal(&r));
+    }
+    int64_t ne[3] = {n_embd, K, 2};
+    if (gguf_writer_add_tensor(f->w, name, QUANT_TYPE_F32, 3, ne, data, (size_t)n * sizeof(float), &f->err) != DFL_OK) {
+        fprintf(stderr, "make-test-model: %s\n", f->err.msg);
+        return false;
+    }
+    f->n_bytes += (uint64_t)n * sizeof(float);
+    return true;
+}
+
+/* The DFlash2 keys and tensors of a drafter (the layout of llama.cpp's converter). */
+static bool add_dflash2(tm_file *f, const tm_opts *o) {
+    gguf_writer_set_u32(f->w, "dflash.conv_kernel_size", (uint32_t)o->d2_kernel);
+    gguf_writer_set_u32(f->w, "dflash.conv_group_size", (uint32_t)o->d2_group);
+    gguf_writer_set_u32(f->w, "dflash.selector_rank", (uint32_t)o->d2_rank);
+    gguf_writer_set_u32(f->w, "dflash.selector_top_k", (uint32_t)o->d2_top_k);
+    const int64_t E = o->n_embd, K = o->d2_kernel, G = o->n_embd / o->d2_group, R = o->d2_rank;
+    char name[96];
+    bool ok = true;
+    for (int64_t il = 0; ok && il < o->draft_layers; il++) {
+#define NAME(s) (snprintf(name, sizeof(name), "blk.%lld." s, (long long)il), name)
+        ok = ok && add_conv_base(f, NAME("attn_conv_base"), E, K);                                 /* [n_embd, K, 2] */
+        ok = ok && add_matrix(f, NAME("attn_conv_proj.weight"), E, 2 * K * G, o->wtype, o->std * 4); /* [n_embd, 2KG] */
+        ok = ok && add_conv_base(f, NAME("ffn_conv_base"), E, K);                                  /* [n_embd, K, 2] */
+        ok = ok && add_matrix(f, NAME("ffn_conv_proj.weight"), E, 2 * K * G, o->wtype, o->std * 4);  /* [n_embd, 2KG] */
+#undef NAME
+    }
+    ok = ok && add_matrix(f, "selector_predecessor.weight", R, o->n_vocab, o->wtype, 1.0); /* [R, n_vocab] */
+    ok = ok && add_matrix(f, "selector_successor.weight", R, o->n_vocab, o->wtype, 1.0);   /* [R, n_vocab] */
+    ok = ok && add_matrix(f, "selector_hidden.weight", E, R, o->wtype, o->std * 10);       /* [n_embd, R] */
+    return ok;
+}
+
 static bool write_file(tm_file *f, const char *path) {
     if (gguf_writer_write(f->w, path, &f->err) != DFL_OK) {
         fprintf(stderr, "make-test-model: %s\n", f->err.msg);
@@ -314,10 +365,11 @@ static bool make_drafter(const tm_opts *o, const test_vocab *v, const char *path
         ok = add_block(&f, o, il, true);
     }
     ok = ok && add_drafter_variants(&f, o);
+    if (ok && o->d2_kernel > 0) ok = add_dflash2(&f, o);
     ok = ok && write_file(&f, path);
     if (ok) {
-        printf("wrote %s: dflash drafter, %lld layers, block size %lld, target layers", path,
-               (long long)o->draft_layers, (long long)o->block_size);
+        printf("wrote %s: %s drafter, %lld layers, block size %lld, target layers", path,
+               o->d2_kernel > 0 ? "dflash2" : "dflash", (long long)o->draft_layers, (long long)o->block_size);
         for (int i = 0; i < o->n_target_layers; i++) printf("%s%d", i ? "," : " ", o->target_layers[i]);
         if (o->dspark_rank > 0) {
             printf(", DSpark rank %lld%s%s", (long long)o->dspark_rank, o->dspark_conf ? " + confidence" : "",
@@ -353,6 +405,8 @@ static void usage(FILE *out) {
             "  --target-layers L,..  layer-input ids of the target, 1..n_layer (default spread)\n"
             "  --type T              f32|f16|bf16|q8_0|q4_0: type of the 2D weights (default f32)\n"
             "  --tied | --untied     output head tied to token_embd (default tied)\n"
+            "  --dflash2 K,GS,R,TOPK a DFlash2 drafter: conv kernel K, conv group size GS (divides n_embd),\n"
+            "                        selector rank R, selector top-k TOPK (n_embd >= TOPK*(TOPK+1))\n"
             "  --seed N              (default 42)\n"
             "  --std S               weight standard deviation (default 0.02)\n"
             "drafter variants (docs/drafter.md, \"DSpark\" and \"Drafter options\"):\n"
@@ -478,6 +532,18 @@ static bool validate(tm_opts *o, size_t min_vocab) {
             }
         }
     }
+    if (o->d2_kernel > 0) {
+        if (o->n_embd % o->d2_group != 0 || o->n_embd < o->d2_top_k * (o->d2_top_k + 1) || o->d2_top_k > o->n_vocab) {
+            fprintf(stderr, "make-test-model: --dflash2: the group size must divide n_embd (%lld), n_embd must be >= "
+                    "TOPK*(TOPK+1) and TOPK <= n_vocab\n", (long long)o->n_embd);
+            return false;
+        }
+        if (ti->blck_size > 1 && (o->d2_rank % ti->blck_size != 0)) {
+            fprintf(stderr, "make-test-model: --type %s needs the selector rank (%lld) to be a multiple of its block "
+                    "size %lld\n", ti->name, (long long)o->d2_rank, (long long)ti->blck_size);
+            return false;
+        }
+    }
     if ((size_t)o->n_vocab < min_vocab) {
         fprintf(stderr, "make-test-model: --n-vocab %lld is too small: the test vocabulary needs at least %zu tokens\n",
                 (long long)o->n_vocab, min_vocab);
@@ -530,7 +596,7 @@ int cmd_make_test_model(int argc, char **argv) {
                                                    "--n-ctx-train", "--draft-layers", "--block-size", "--target-layers",
                                                    "--type", "--seed", "--std", "--dspark-rank", "--markov-std",
                                                    "--markov-scale", "--swa", "--swa-pattern", "--logit-scale",
-                                                   "--softcap", "--embedding-scale"};
+                                                   "--softcap", "--embedding-scale", "--dflash2"};
             bool known = false;
             for (size_t k = 0; k < sizeof(k_valued) / sizeof(k_valued[0]); k++) known |= strcmp(a, k_valued[k]) == 0;
             if (known) fprintf(stderr, "make-test-model: option %s needs a value\n", a);
@@ -578,6 +644,19 @@ int cmd_make_test_model(int argc, char **argv) {
                 return 2;
             }
             o.wtype = (uint32_t)t;
+        } else if (strcmp(a, "--dflash2") == 0) {
+            long long v[4];
+            char tail;
+            if (sscanf(val, "%lld,%lld,%lld,%lld%c", &v[0], &v[1], &v[2], &v[3], &tail) != 4 || v[0] < 1 || v[0] > 64 ||
+                v[1] < 1 || v[2] < 1 || v[2] > 4096 || v[3] < 1 || v[3] > 64) {
+                fprintf(stderr, "make-test-model: --dflash2 expects K,GS,R,TOPK (K 1..64, GS >= 1, R 1..4096, TOPK 1..64), "
+                        "got '%s'\n", val);
+                return 2;
+            }
+            o.d2_kernel = v[0];
+            o.d2_group = v[1];
+            o.d2_rank = v[2];
+            o.d2_top_k = v[3];
         } else if (strcmp(a, "--seed") == 0) {
             char *end;
             errno = 0;

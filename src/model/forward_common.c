@@ -122,11 +122,20 @@ void fwd_attention_block_mask(dfl_context *ctx, int64_t il, tensor x, int64_t n,
     const dfl_hparams *hp = &ctx->model->hp;
     const ctx_layer_w *L = &ctx->w.layers[il];
     backend_queue *q = ctx->queue;
+    tensor h = tensor_rows(&ctx->s.h, 0, n);                               /* [n_embd, n] */
+    op_rmsnorm(q, h, x, &L->attn_norm, hp->norm_eps);
+    fwd_attention_core(ctx, il, h, h, n, n_groups, mask, mask_off);
+    op_add(q, x, x, h);
+}
+
+void fwd_attention_core(dfl_context *ctx, int64_t il, tensor h, tensor out, int64_t n, int64_t n_groups,
+                        const tensor *mask, const size_t *mask_off) {
+    const dfl_hparams *hp = &ctx->model->hp;
+    const ctx_layer_w *L = &ctx->w.layers[il];
+    backend_queue *q = ctx->queue;
     ctx_scratch *s = &ctx->s;
     const int64_t hd_k = hp->n_embd_head_k, hd_v = hp->n_embd_head_v;
 
-    tensor h = tensor_rows(&s->h, 0, n);                                   /* [n_embd, n] */
-    op_rmsnorm(q, h, x, &L->attn_norm, hp->norm_eps);
     /* q [hd_k, n_head, n] */
     tensor qm = tensor_reshape_2d(&s->q, hd_k * hp->n_head, ctx->n_ub);
     qm = tensor_rows(&qm, 0, n);
@@ -161,9 +170,8 @@ void fwd_attention_block_mask(dfl_context *ctx, int64_t il, tensor x, int64_t n,
             op_attention_structured(q, og, qg, kc, vc, g->causal ? BACKEND_ATTN_CAUSAL : BACKEND_ATTN_FULL, 0.0f);
         }
     }
-    /* x += Wo att */
-    op_matmul(q, h, L->wo, att);
-    op_add(q, x, x, h);
+    /* out = Wo att */
+    op_matmul(q, out, L->wo, att);
 }
 
 void fwd_ffn_block(dfl_context *ctx, int64_t il, tensor x, int64_t n) {

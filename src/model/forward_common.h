@@ -29,6 +29,12 @@ void fwd_attention_block(dfl_context *ctx, int64_t il, tensor x, int64_t n, int6
  * [n_kv, n_g] f32 starts mask_off[gi] floats into `mask`; mask NULL: the structured kinds. */
 void fwd_attention_block_mask(dfl_context *ctx, int64_t il, tensor x, int64_t n, int64_t n_groups, const tensor *mask,
                               const size_t *mask_off);
+/* The attention of layer il from already-normed rows h [n_embd, n]: q, K/V (written at the rows'
+ * cells), attention, out [n_embd, n] = Wo att (out may be h; no residual). Uses scratch q, k, v,
+ * att. (fwd_attention_block = rmsnorm + this + residual; DFlash2 convolves h and out.) Masks as for
+ * fwd_attention_block_mask (NULL: the structured kinds). */
+void fwd_attention_core(dfl_context *ctx, int64_t il, tensor h, tensor out, int64_t n, int64_t n_groups,
+                        const tensor *mask, const size_t *mask_off);
 /* x += Wdown(silu(Wgate h) * Wup h), h = rmsnorm(x) * ffn_norm. */
 void fwd_ffn_block(dfl_context *ctx, int64_t il, tensor x, int64_t n);
 /* K/V of layer il from hidden rows h [n_embd, n] (no attn_norm), roped at pos, into the cache:

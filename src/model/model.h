@@ -53,6 +53,24 @@ typedef struct model_dspark {
     int64_t rank;                   /* R */
     bool anchor_first;              /* sample_from_anchor: row 0 of the block is a draft row */
 } model_dspark;
+/* DFlash2 drafter tensors and keys (docs/drafter.md, "DFlash2"); bound by model_dflash2.c. */
+typedef struct model_dflash2_layer {
+    const gguf_tensor *attn_conv_base;  /* [n_embd, K, 2] f32|f16|bf16 */
+    const gguf_tensor *attn_conv_proj;  /* [n_embd, 2*K*G] */
+    const gguf_tensor *ffn_conv_base;   /* [n_embd, K, 2] */
+    const gguf_tensor *ffn_conv_proj;   /* [n_embd, 2*K*G] */
+} model_dflash2_layer;
+
+typedef struct model_dflash2 {
+    int64_t conv_kernel;                /* K  dflash.conv_kernel_size */
+    int64_t conv_group;                 /* gs dflash.conv_group_size (G = n_embd / gs) */
+    int64_t rank;                       /* R  dflash.selector_rank */
+    int64_t top_k;                      /* k  dflash.selector_top_k */
+    const gguf_tensor *sel_pred;        /* [R, n_vocab] selector_predecessor.weight */
+    const gguf_tensor *sel_succ;        /* [R, n_vocab] selector_successor.weight */
+    const gguf_tensor *sel_hidden;      /* [n_embd, R] selector_hidden.weight */
+    model_dflash2_layer *layers;        /* [n_layer] */
+} model_dflash2;
 
 struct dfl_model {
     char *path;
@@ -66,10 +84,17 @@ struct dfl_model {
     const gguf_tensor *fc;              /* drafter: [n_target_layers*n_embd, n_embd] */
     const gguf_tensor *enc_output_norm; /* drafter: [n_embd] f32 (the fusion norm) */
     model_layer *layers;                /* [n_layer] */
+    model_dflash2 *d2;                  /* DFlash2 drafter parts; NULL for every other model */
     uint64_t n_params;                  /* elements of all tensors */
     uint64_t n_bytes;                   /* bytes of all tensors */
     model_device_copy dev[MODEL_MAX_DEVICE_COPIES]; /* uploaded weights, per backend */
 };
+
+/* model_dflash2.c: if the drafter m has selector_hidden.weight, reads the DFlash2 keys and binds
+ * its tensors into m->d2 (llama.cpp's checks: divisibility, lattice size), else leaves d2 NULL.
+ * Every problem is named (key or tensor, expected vs found). */
+dfl_status model_dflash2_load(dfl_model *m, dfl_error *err);
+void model_dflash2_free(model_dflash2 *d2);
 
 /* The GGUF file under a model (for the vocabulary and inspection). */
 const gguf_file *model_gguf(const dfl_model *model);

@@ -558,6 +558,11 @@ dfl_model *dfl_model_load(const char *path, const dfl_model_params *params, dfl_
         dfl_model_free(m);
         return NULL;
     }
+    /* DFlash2: the conv and selector part of a dflash file (model_dflash2.c) */
+    if (m->hp.arch == DFL_ARCH_DFLASH && model_dflash2_load(m, err) != DFL_OK) {
+        dfl_model_free(m);
+        return NULL;
+    }
     return m;
 }
 
@@ -565,6 +570,7 @@ void dfl_model_free(dfl_model *model) {
     if (model == NULL) return;
     gguf_close(model->gguf);
     free(model->dflash.swa_layer);
+    model_dflash2_free(model->d2);
     free(model->layers);
     free(model->path);
     free(model);

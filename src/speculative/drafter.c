@@ -20,6 +20,7 @@
 #include "model/context.h"
 #include "model/forward_common.h"
 #include "speculative/drafter_dspark.h"
+#include "speculative/drafter_dflash2.h"
 #include "base/error.h"
 
 #include <math.h>
@@ -45,6 +46,7 @@ struct drafter_state {
     tensor swa_mask;
     float *h_swa;          /* [n_ctx * n_ub] */
     size_t *swa_off;       /* [n_ub] float offset of each group's mask */
+    dflash2_state *d2;     /* DFlash2 drafter (drafter_dflash2.c); NULL otherwise */
 };
 
 drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error *err) {
@@ -89,6 +91,20 @@ drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error 
             return NULL;
         }
     }
+    if (d->model->d2 != NULL && (d->model->dflash.swa_layer != NULL || d->model->dspark.markov_w1 != NULL)) {
+        error_set(err, DFL_ERR_UNSUPPORTED, "a DFlash2 drafter with %s is not supported (its convolution layers "
+                  "use the plain block attention)", d->model->dflash.swa_layer != NULL ? "sliding-window layers" :
+                  "DSpark heads");
+        drafter_state_free(ds);
+        return NULL;
+    }
+    if (d->model->d2 != NULL) {
+        ds->d2 = dflash2_state_new(d, err);
+        if (ds->d2 == NULL) {
+            drafter_state_free(ds);
+            return NULL;
+        }
+    }
     return ds;
 }
 
@@ -106,8 +122,11 @@ void drafter_state_free(drafter_state *ds) {
     free(ds->swa_off);
     if (ds->swa_buf) backend_buffer_free(ds->swa_buf);
     dspark_state_free(ds->dspark);
+    dflash2_state_free(ds->d2);
     free(ds);
 }
+
+dflash2_state *drafter_dflash2(const dfl_context *d) { return d->dr != NULL ? d->dr->d2 : NULL; }
 
 dfl_context *drafter_target(const dfl_context *d) { return d->dr != NULL ? d->dr->target : NULL; }
 
@@ -297,7 +316,12 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     const model_dflash *opt = &d->model->dflash;
     if (opt->embedding_scale != 1.0f) op_scale(q, x, x, opt->embedding_scale);
     if (opt->swa_layer != NULL) swa_masks_upload(d, n_groups);
+    if (ds->d2 != NULL) dflash2_begin(d, ds->d2, &ub, n); /* DFlash2: the conv taps' row shifts */
     for (int64_t il = 0; il < hp->n_layer; il++) {
+        if (ds->d2 != NULL) {
+            dflash2_layer(d, ds->d2, il, x, n, n_groups); /* DFlash2: layers with convolutions */
+            continue;
+        }
         const bool swa = opt->swa_layer != NULL && opt->swa_layer[il];
         fwd_attention_block_mask(d, il, x, n, n_groups, swa ? &ds->swa_mask : NULL, swa ? ds->swa_off : NULL);
         fwd_ffn_block(d, il, x, n);
@@ -310,6 +334,13 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     tensor logits = tensor_rows(&s->logits, 0, n_out);                /* [n_vocab, n_out] */
     op_matmul(q, logits, d->w.output, x_out);
     bool flagged = false;
+    if (ds->d2 != NULL) {
+        /* DFlash2: the selector lattice and its walk give the drafts (drafter_dflash2.c) */
+        if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
+        dfl_status st = dflash2_select(d, ds->d2, x_out, logits, n_out, n_active, last, n_draft, lens, out, logits_out, err);
+        d->pending = false;
+        return st;
+    }
     if (ds->dspark != NULL) {
         /* DSpark: the chain feeds each row's argmax to the next row's get_rows, so a NaN/Inf in
          * the head's rows (flagged by ARGMAX as a negative id) must stop it first; the Markov

@@ -9,6 +9,7 @@
 #include "model/context.h"
 #include "sample/sampler.h"
 #include "sample/spec_verify.h"
+#include "speculative/drafter_dflash2.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -471,8 +472,17 @@ dfl_status spec_step_ex(spec_session *s, int32_t n, const int32_t *seqs, int32_t
         }
     }
     const float *conf = s->params.draft_p_min > 0.0f ? drafter_confidence(s->dft) : NULL;
+    /* DFlash2: draft_p_min cuts where the walk's own probability (softmax over the lattice
+     * scores of the chosen predecessor) falls below it, as llama.cpp's --draft-p-min does */
+    const float *walk_p = drafter_dflash2(s->dft) != NULL ? dflash2_last_probs(s->dft) : NULL;
     for (int32_t i = 0; i < n; i++) {
         const int32_t want = s->lens[i];
+        if (s->dlogits != NULL && walk_p != NULL) {
+            int32_t m = 0;
+            while (m < want && walk_p[(size_t)i * (size_t)k + (size_t)m] >= s->params.draft_p_min) m++;
+            s->n_use[i] = m;
+            continue;
+        }
         s->n_use[i] = s->dlogits == NULL ? want
                                          : draft_keep(s->dlogits + (size_t)i * (size_t)k * (size_t)s->n_vocab,
                                                       s->draft + (size_t)i * (size_t)k, want, s->n_vocab,

@@ -6,7 +6,10 @@
 // needs the target context for it). A failure prints {"model":"..","ok":false,"error":".."}
 // and the exit status is 1.
 //
+// --log-grep TEXT adds "log_match": llama.cpp's log lines (info level) that contain TEXT.
+//
 // usage: node llama_load.mjs MODEL.gguf... [--prompt TEXT | --tokens 1,2,3] [--n N] [--load-only]
+//        [--log-grep TEXT]
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 
 const models = [];
@@ -14,12 +17,14 @@ let prompt = " the quick brown fox";
 let tokensArg = null;
 let nGen = 8;
 let loadOnly = false;
+let logGrep = null;
 const args = process.argv.slice(2);
 for (let i = 0; i < args.length; i++) {
     if (args[i] === "--prompt") prompt = args[++i];
     else if (args[i] === "--tokens") tokensArg = args[++i].split(",").map((s) => parseInt(s, 10));
     else if (args[i] === "--n") nGen = parseInt(args[++i], 10);
     else if (args[i] === "--load-only") loadOnly = true;
+    else if (args[i] === "--log-grep") logGrep = args[++i];
     else if (args[i].startsWith("--")) {
         console.log(JSON.stringify({ok: false, error: `unknown argument ${args[i]}`}));
         process.exit(2);
@@ -30,7 +35,7 @@ const llamaLog = [];
 const llama = await getLlama({
     build: "never",
     gpu: false,
-    logLevel: LlamaLogLevel.warn,
+    logLevel: logGrep !== null ? LlamaLogLevel.info : LlamaLogLevel.warn,
     logger: (level, message) => { llamaLog.push(String(message).trim()); },
 });
 let failed = false;
@@ -63,6 +68,7 @@ for (const modelPath of models) {
         failed = true;
     }
     if (model) await model.dispose();
+    if (logGrep !== null) out.log_match = llamaLog.filter((l) => l.includes(logGrep));
     console.log(JSON.stringify(out));
 }
 await llama.dispose();

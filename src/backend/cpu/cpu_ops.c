@@ -110,6 +110,28 @@ static void light_binary(const backend_op *op, cpu_binary_row_fn fn) {
             }
 }
 
+/* d = a op b where b has one value per row of a (b->ne[0] == 1, the other dims broadcast by
+ * index modulo its extents, any strides): the same f32 operation per element as the reference,
+ * in a loop the compiler vectorizes (e.g. DFlash2's group coefficients, drafter_dflash2.c). */
+static void light_binary_scalar(const backend_op *op, bool mul) {
+    const tensor *a = &op->src[0], *b = &op->src[1], *d = &op->dst;
+    const int64_t n = a->ne[0];
+    for (int64_t i3 = 0; i3 < a->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < a->ne[2]; i2++)
+            for (int64_t i1 = 0; i1 < a->ne[1]; i1++) {
+                const float *ar = (const float *)((const char *)a->data + (size_t)i1 * a->nb[1] + (size_t)i2 * a->nb[2] +
+                                                  (size_t)i3 * a->nb[3]);
+                const float bv = *(const float *)((const char *)b->data + (size_t)(i1 % b->ne[1]) * b->nb[1] +
+                                                  (size_t)(i2 % b->ne[2]) * b->nb[2] + (size_t)(i3 % b->ne[3]) * b->nb[3]);
+                float *dr = (float *)((char *)d->data + (size_t)i1 * d->nb[1] + (size_t)i2 * d->nb[2] + (size_t)i3 * d->nb[3]);
+                if (mul) {
+                    for (int64_t i = 0; i < n; i++) dr[i] = ar[i] * bv;
+                } else {
+                    for (int64_t i = 0; i < n; i++) dr[i] = ar[i] + bv;
+                }
+            }
+}
+
 /* Runs a light op (or a slice of one) with the row kernels when its rows are contiguous f32, and
  * with the reference code otherwise. */
 static void light_run(const cpu_kernels *k, const backend_op *op) {
@@ -131,6 +153,10 @@ static void light_run(const cpu_kernels *k, const backend_op *op) {
         return;
     case BACKEND_OP_ADD:
     case BACKEND_OP_MUL:
+        if (rows_f32(x) && rows_f32(&op->src[1]) && rows_f32(d) && op->src[1].ne[0] == 1 && x->ne[0] > 1) {
+            light_binary_scalar(op, op->kind == BACKEND_OP_MUL);
+            return;
+        }
         if (!rows_f32(x) || !rows_f32(&op->src[1]) || !rows_f32(d) || op->src[1].ne[0] != x->ne[0]) break;
         light_binary(op, op->kind == BACKEND_OP_ADD ? k->add_row : k->mul_row);
         return;

@@ -82,20 +82,24 @@ def spec_llama(target, drafter, ids, n_predict_max, n_max, eos, n_ctx):
             return out, n_predict, n_drafted, n_accept
 
 
-def run_llama(binp, models, drafter_file, spec_type, prompt, n, threads):
+def run_llama(binp, models, drafter_file, spec_type, prompt, n, threads, echoed):
     cmd = [os.path.join(binp, "llama-speculative-simple"), "-m", os.path.join(models, "target.gguf"),
            "-md", os.path.join(models, drafter_file), "--spec-type", spec_type, "--spec-draft-n-max", "15",
-           "--temp", "0", "-p", prompt, "-n", str(n), "-t", str(threads), "--seed", "1"]
+           "--temp", "0", "--no-escape", "-p", prompt, "-n", str(n), "-t", str(threads), "--seed", "1"]
     r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=600)
     if r.returncode != 0:
         raise RuntimeError("llama-speculative-simple failed (%d): %s" % (r.returncode, r.stderr[-2000:]))
     log = r.stdout + "\n" + r.stderr
-    cnt = {k: int(re.search(r"%s\s*=\s*(\d+)" % k, log).group(1)) for k in ("n_predict", "n_drafted", "n_accept")}
+    ms = {k: re.search(r"%s\s*=\s*(\d+)" % k, log) for k in ("n_predict", "n_drafted", "n_accept")}
+    if not all(ms.values()):
+        raise RuntimeError("no n_predict/n_drafted/n_accept in llama-speculative-simple's log: %s" % log[-1500:])
+    cnt = {k: int(m.group(1)) for k, m in ms.items()}
     text = r.stdout
-    i = text.find(prompt)
-    if i < 0:
-        raise RuntimeError("prompt not echoed in llama-speculative-simple's output")
-    return text[i + len(prompt):].rstrip("\n"), cnt, " ".join(cmd[:1] + [os.path.basename(c) if c.endswith(".gguf") else c for c in cmd[1:]])
+    i = text.find(echoed)                         # the prompt as llama.cpp prints it back (NFC)
+    if i < 0:                                     # printed otherwise: after the leading blank lines
+        sys.stderr.write("check_llama: prompt not echoed verbatim: %r\n" % text[:len(echoed) + 4])
+        i = len(text) - len(text.lstrip("\n"))
+    return text[i + len(echoed):].rstrip("\n"), cnt, " ".join(cmd[:1] + [os.path.basename(c) if c.endswith(".gguf") else c for c in cmd[1:]])
 
 
 def main():
@@ -127,7 +131,12 @@ def main():
             for p in prompts:
                 text = v.decode(p)
                 ids = v.encode(text, special=False)
-                ltext, cnt, cmd = run_llama(a.llama_bin, a.models, dfile, stype, text, a.n_gen, a.threads)
+                try:
+                    ltext, cnt, cmd = run_llama(a.llama_bin, a.models, dfile, stype, text, a.n_gen, a.threads, v.decode(ids))
+                except RuntimeError as e:
+                    print("check_llama: %s %s: %s" % (fam, dom, e), flush=True)
+                    rows.append({"prompt": text, "error": str(e)[-1500:]})
+                    continue
                 toks, n_pred, n_dr, n_acc = spec_llama(target, drafter, ids, a.n_gen, 15, eos, target.c.n_ctx)
                 ref = target_greedy(target, ids, max(len(toks), 1))
                 ttext = v.decode(toks)

@@ -169,7 +169,10 @@ def main():
     t0 = time.time()
     for dom in ("code", "prose"):
         stream = load_bin(os.path.join(W, "heldout_%s.bin" % dom))
-        prompts = heldout_prompts(stream, v, a.n_prompts, a.prompt_len, a.seed)
+        # the recorded prompt is text: tokenize it again (a held-out window's ids can differ from the
+        # ids of its decoded text at a few merges), so that the outputs are the continuations any
+        # engine tokenizing samples[i]["prompt"] must produce (tests/ref/check_embedded.py)
+        prompts = [v.encode(v.decode(p), special=False) for p in heldout_prompts(stream, v, a.n_prompts, a.prompt_len, a.seed)]
         refs = [None if a.no_check else target_greedy(target, p, a.n_gen) for p in prompts]
         for key, fam, drafter, pm in runs:
             hist = collections.Counter()

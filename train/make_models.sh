@@ -9,8 +9,8 @@
 # `git show 8e4fc2b:models/target.gguf > /tmp/target-run1.gguf`); FROM_SCRATCH=1 runs both runs.
 # The tokenizer is read from models/target.gguf when it exists (the committed vocabulary, which
 # the C tests depend on), else trained with bpe.py. Then: drafter data (the target's greedy
-# continuations), the DFlash drafter (warm-started from DRAFTER_INIT, by default the DFlash
-# drafter of commit 8e4fc2b if given, else from the target's layers), DSpark and DFlash2 (both
+# continuations), the DFlash drafter (warm-started from DRAFTER_INIT when set, e.g. the DFlash
+# drafter of commit 8e4fc2b as the committed one was; else from the target's layers), DSpark and DFlash2 (both
 # warm-started from the new DFlash drafter), export, held-out tau, checks. About 2 hours on 2 cores.
 # Needs: python3-torch python3-regex python3-numpy python3-matplotlib bible-kjv
 #        libpython3.11-stdlib (Debian), run with /usr/bin/python3.
@@ -37,19 +37,20 @@ if [ ! -f $W/target_final.pt ]; then
     $PY train/train_target.py --work $W $INIT --bf16 --budget-min ${TARGET_MIN:-45} --steps 100000 \
         --batch-tokens 8192 --lr 1e-3 --warmup 50 --min-lr-frac 0.05 --long-frac 0.7 --eval-min 3
 fi
-$PY train/gen_drafter_data.py --work $W --budget-min ${GEN_MIN:-6}
+$PY train/gen_drafter_data.py --work $W --budget-min ${GEN_MIN:-6} --batch 64
 if [ ! -f $W/drafter_final.pt ]; then
     DINIT=""
     [ -n "$DRAFTER_INIT" ] && DINIT="--init-gguf $DRAFTER_INIT"
     $PY train/train_drafter.py --work $W --family dflash --target-layers 1,3,5 $DINIT --bf16 \
-        --budget-min ${DRAFTER_MIN:-14} --steps 100000 --lr 1.5e-3
+        --budget-min ${DRAFTER_MIN:-14} --steps 100000 --lr 1.5e-3 --seqs-per-step 8
 fi
 for fam in dspark dflash2; do
     [ -f $W/drafter_${fam}_final.pt ] || $PY train/train_drafter.py --work $W --family $fam --target-layers 1,3,5 \
-        --init-ckpt $W/drafter_final.pt --bf16 --budget-min ${VARIANT_MIN:-10} --steps 100000 --lr 1e-3
+        --init-ckpt $W/drafter_final.pt --bf16 --budget-min ${VARIANT_MIN:-12} --steps 100000 --lr 1e-3 \
+        --seqs-per-step 8 --threads 1
 done
 $PY train/export_gguf.py --work $W --out models
-$PY train/spec_eval.py --work $W --out models/spec_eval.json
+$PY train/spec_eval.py --work $W --out models/spec_eval.json --dspark-p-min 0,0.2,0.5
 $PY train/check_export.py --work $W --models models
 $PY train/check_variants.py --work $W --models models --family dspark
 $PY train/check_variants.py --work $W --models models --family dflash2

@@ -89,7 +89,6 @@ static size_t scratch_layout(dfl_context *ctx, backend_buffer *buf) {
     PLACE(cells, QUANT_TYPE_I64, n, 1);
     PLACE(rows, QUANT_TYPE_I32, n, 1);
     PLACE(bidx, QUANT_TYPE_I64, n, 1);
-    PLACE(mask, QUANT_TYPE_F32, ctx->kv.n_ctx * n, 1);
     PLACE(embd_in, QUANT_TYPE_F32, hp->n_embd, n);
     if (hp->arch == DFL_ARCH_DFLASH) {
         PLACE(feat_in, QUANT_TYPE_F32, hp->n_target_layers * hp->n_embd, n);
@@ -114,14 +113,13 @@ static dfl_status context_alloc_host(dfl_context *ctx, dfl_error *err) {
     ctx->h_bidx = calloc((size_t)n, sizeof(int64_t));
     ctx->h_perm = calloc((size_t)n, sizeof(int64_t));
     ctx->h_inv = calloc((size_t)n, sizeof(int64_t));
-    ctx->h_mask = calloc((size_t)(ctx->kv.n_ctx * n), sizeof(float));
     ctx->h_embd = calloc((size_t)(ctx->n_embd * n), sizeof(float));
     ctx->groups = calloc((size_t)n, sizeof(ctx_group));
     ctx->seq_len_tmp = calloc((size_t)ctx->kv.n_seq, sizeof(int64_t));
     ctx->logits = calloc((size_t)ctx->n_vocab * (size_t)ctx->n_out_max, sizeof(float));
     ctx->argmax_ids = calloc((size_t)ctx->n_out_max, sizeof(int32_t));
     ctx->out_of = calloc((size_t)ctx->params.n_batch, sizeof(int64_t));
-    if (!ctx->h_ids || !ctx->h_pos || !ctx->h_cells || !ctx->h_rows || !ctx->h_bidx || !ctx->h_perm || !ctx->h_inv || !ctx->h_mask ||
+    if (!ctx->h_ids || !ctx->h_pos || !ctx->h_cells || !ctx->h_rows || !ctx->h_bidx || !ctx->h_perm || !ctx->h_inv ||
         !ctx->h_embd || !ctx->groups || !ctx->seq_len_tmp || !ctx->logits || !ctx->argmax_ids || !ctx->out_of) {
         return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
     }
@@ -349,7 +347,7 @@ void dfl_context_free(dfl_context *ctx) {
     if (ctx->queue) backend_queue_free(ctx->queue);
     if (ctx->own_backend && ctx->be) backend_free(ctx->be);
     free(ctx->h_ids); free(ctx->h_pos); free(ctx->h_cells); free(ctx->h_rows); free(ctx->h_bidx);
-    free(ctx->h_perm); free(ctx->h_inv); free(ctx->h_mask); free(ctx->h_embd); free(ctx->groups); free(ctx->seq_len_tmp);
+    free(ctx->h_perm); free(ctx->h_inv); free(ctx->h_embd); free(ctx->groups); free(ctx->seq_len_tmp);
     free(ctx->logits); free(ctx->argmax_ids); free(ctx->out_of);
     free(ctx);
 }
@@ -389,19 +387,30 @@ static int64_t first_nonfinite(const float *x, int64_t n) {
 
 /* After a decode: non-finite logits (NaN or Inf: broken weights, or activations that overflow)
  * are an error naming the position, and the batch is rolled back (nothing of it applied), so no
- * caller samples from them. */
-static dfl_status context_check_logits(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) {
+ * caller samples from them. An argmax-only decode has no logits on the host: its ARGMAX op flags
+ * a row holding a NaN/Inf as -1 - (index of the first one), checked the same way. */
+static dfl_status context_check_outputs(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) {
     const int64_t nv = ctx->n_vocab;
     for (int64_t i = 0; i < batch->n_tokens; i++) {
         if (ctx->out_of[i] < 0) continue;
-        const float *row = ctx->logits + (size_t)ctx->out_of[i] * (size_t)nv;
-        const int64_t k = first_nonfinite(row, nv);
-        if (k < 0) continue;
+        int64_t k;
+        char value[48];
+        if (ctx->last_argmax) {
+            const int32_t id = ctx->argmax_ids[ctx->out_of[i]];
+            if (id >= 0) continue;
+            k = -1 - (int64_t)id;
+            snprintf(value, sizeof(value), "not finite");
+        } else {
+            const float *row = ctx->logits + (size_t)ctx->out_of[i] * (size_t)nv;
+            k = first_nonfinite(row, nv);
+            if (k < 0) continue;
+            snprintf(value, sizeof(value), "%g", (double)row[k]);
+        }
         const int64_t nps = batch->n_pos_sections;
         error_set(err, DFL_ERR_FORMAT,
-                  "non-finite logits at position %d of sequence %d (batch entry %lld): the logit of token %lld is %g "
+                  "non-finite logits at position %d of sequence %d (batch entry %lld): the logit of token %lld is %s "
                   "(NaN or Inf in the model's weights, or activations that overflow)",
-                  batch->pos[i * nps], batch->seq_id[i], (long long)i, (long long)k, (double)row[k]);
+                  batch->pos[i * nps], batch->seq_id[i], (long long)i, (long long)k, value);
         for (int64_t j = 0; j < batch->n_tokens; j++) kv_seq_remove(&ctx->kv, batch->seq_id[j], batch->pos[j * nps]);
         ctx->n_outputs = 0;
         return DFL_ERR_FORMAT;
@@ -470,9 +479,7 @@ dfl_status dfl_decode(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) 
     } else {
         ctx->pending = true;
     }
-    /* an argmax-only decode brought no logits back: there is nothing on the host to check (its
-     * callers are greedy verification steps; the prompt's logits were checked at prefill) */
-    if (n_out > 0 && !ctx->last_argmax) return context_check_logits(ctx, batch, err);
+    if (n_out > 0) return context_check_outputs(ctx, batch, err);
     return DFL_OK;
 }
 

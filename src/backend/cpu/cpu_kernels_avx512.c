@@ -951,23 +951,24 @@ T512 static void mul_row_512(float *d, const float *a, const float *b, int64_t n
     }
 }
 
-/* The first index of the maximum; rows with a NaN take the reference's scan (its NaN rules). */
+/* The first index of the maximum; a row with a NaN or an Inf (v - v is NaN exactly for those)
+ * takes the reference's scan, which flags the first one. */
 T512 static int32_t argmax_row_512(const float *x, int64_t n) {
     if (n < 16) return cpu_argmax_row_ref(x, n);
     __m512 mx = _mm512_loadu_ps(x);
-    __mmask16 nan = _mm512_cmp_ps_mask(mx, mx, _CMP_UNORD_Q);
+    __mmask16 bad = _mm512_cmp_ps_mask(_mm512_sub_ps(mx, mx), _mm512_setzero_ps(), _CMP_NEQ_UQ);
     int64_t i = 16;
     for (; i + 16 <= n; i += 16) {
         const __m512 v = _mm512_loadu_ps(x + i);
-        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_NEQ_UQ);
         mx = _mm512_max_ps(mx, v);
     }
     float best = _mm512_reduce_max_ps(mx);
     for (int64_t j = i; j < n; j++) {
-        if (x[j] != x[j]) nan = 1;
+        if (!isfinite(x[j])) bad = 1;
         best = x[j] > best ? x[j] : best;
     }
-    if (nan) return cpu_argmax_row_ref(x, n);
+    if (bad) return cpu_argmax_row_ref(x, n);
     const __m512 bv = _mm512_set1_ps(best);
     for (i = 0; i + 16 <= n; i += 16) {
         const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), bv, _CMP_EQ_OQ);

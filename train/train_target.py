@@ -1,6 +1,7 @@
 """train_target.py: trains the Qwen3 target of the embedded default pair (PyTorch, CPU).
 
     /usr/bin/python3 train/train_target.py --work train/work [--budget-min 50] [--steps 3000]
+    /usr/bin/python3 train/train_target.py --work train/work --init-gguf models/target.gguf --bf16 ...  (continued run)
 
 Batches are random windows of the training token streams, half prose and half code. The schedule
 (linear warmup, cosine decay to 10%) runs on progress = max(step / steps, elapsed / budget), so a
@@ -68,6 +69,13 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--ckpt-min", type=float, default=3.0)
+    ap.add_argument("--init-gguf", default=None, help="start from this qwen3 GGUF's weights (a continued run)")
+    ap.add_argument("--init-ckpt", default=None, help="start from this checkpoint's weights (e.g. work/target_run1_final.pt)")
+    ap.add_argument("--name", default="target", help="file prefix in --work: NAME_ckpt.pt, NAME_log.jsonl, NAME_final.pt")
+    ap.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine floor as a fraction of --lr")
+    ap.add_argument("--long-frac", type=float, default=0.85, help="progress after which windows are n_ctx long")
+    ap.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the training forward/backward "
+                    "(float32 master weights and optimizer; evaluation stays float32)")
     ap.add_argument("--eval-min", type=float, default=4.0)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -77,13 +85,22 @@ def main():
     heldout = {"prose": load_bin(os.path.join(W, "heldout_prose.bin")), "code": load_bin(os.path.join(W, "heldout_code.bin"))}
     c = Config(**TARGET_CONFIG)
     model = Target(c)
+    if a.init_gguf or a.init_ckpt:
+        if a.init_gguf:
+            from from_gguf import load_target
+            init = load_target(a.init_gguf)
+        else:
+            init = Target(Config(**torch.load(a.init_ckpt)["config"]))
+            init.load_state_dict(torch.load(a.init_ckpt)["model"])
+        assert all(getattr(init.c, k) == getattr(c, k) for k in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_ff", "n_ctx")), "init GGUF has another shape"
+        model.load_state_dict(init.state_dict())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(a.seed)
-    ckpt_path = os.path.join(W, "target_ckpt.pt")
-    log_path = os.path.join(W, "target_log.jsonl")
+    ckpt_path = os.path.join(W, a.name + "_ckpt.pt")
+    log_path = os.path.join(W, a.name + "_log.jsonl")
     step, elapsed, n_tok = 0, 0.0, 0
     if os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path)
@@ -94,9 +111,15 @@ def main():
         step, elapsed, n_tok = ck["step"], ck["elapsed"], ck["n_tok"]
         print("target: resumed at step %d (%.1f min)" % (step, elapsed / 60), flush=True)
     else:
+        if a.init_gguf or a.init_ckpt:
+            ev0 = evaluate(model, heldout)
+            print("target: init from %s, held-out %s" % (a.init_gguf or a.init_ckpt, ev0), flush=True)
         print("target: %.2fM parameters (%.2fM without the embedding)" % (
             n_params(model) / 1e6, (n_params(model) - c.n_vocab * c.n_embd) / 1e6), flush=True)
-        open(log_path, "w").close()
+        with open(log_path, "w") as f:
+            if a.init_gguf or a.init_ckpt:
+                f.write(json.dumps({"step": 0, "elapsed_s": 0.0, "tokens": 0, "init": a.init_gguf or a.init_ckpt,
+                                    "heldout": ev0}) + "\n")
     logf = open(log_path, "a")
     budget = a.budget_min * 60
     t_last = time.time()
@@ -113,14 +136,15 @@ def main():
         progress = max(step / a.steps, elapsed / budget)
         if progress >= 1.0:
             break
-        T = c.n_ctx if progress >= 0.85 else 256
+        T = c.n_ctx if progress >= a.long_frac else 256
         N = max(1, a.batch_tokens // T)
-        lr = a.lr * min(1.0, (step + 1) / a.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+        lr = a.lr * min(1.0, (step + 1) / a.warmup) * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
         for g in opt.param_groups:
             g["lr"] = lr
         x = batch(streams, N, T, gen)
-        logits, _ = model(x[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, c.n_vocab), x[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            logits, _ = model(x[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, c.n_vocab), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -154,7 +178,7 @@ def main():
     logf.close()
     save()
     torch.save({"model": model.state_dict(), "config": c.to_dict(), "step": step, "tokens": n_tok,
-                "elapsed": elapsed, "heldout": ev}, os.path.join(W, "target_final.pt"))
+                "elapsed": elapsed, "heldout": ev}, os.path.join(W, a.name + "_final.pt"))
     print("target: done, %d steps, %d tokens, %.1f min, held-out %s" % (step, n_tok, elapsed / 60, ev), flush=True)
 
 

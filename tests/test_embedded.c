@@ -182,3 +182,61 @@ TEST(embedded_cli_draft_options) {
         CHECK_STR_CONTAINS(out, bad[i].want);
     }
 }
+
+/* The "tokens":[...] array of a `generate --json` output, copied into buf (empty if absent). */
+static void json_tokens(const char *out, char *buf, size_t cap) {
+    const char *p = strstr(out, "\"tokens\":[");
+    buf[0] = '\0';
+    if (p == NULL) return;
+    const size_t n = strcspn(p, "]");
+    snprintf(buf, cap, "%.*s", (int)n, p);
+}
+
+static long json_long(const char *out, const char *key) {
+    const char *p = strstr(out, key);
+    return p != NULL ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+/* Every committed drafter family (DFlash, DSpark, DFlash2; models/README.md) with the embedded
+ * target, through the CLI: greedy output equals the target alone on held-out prompts, with the
+ * default adaptive draft length, with the whole block, and with the drafter's own draft-length
+ * cut (--draft-p-min: DSpark's confidence head, DFlash2's walk, DFlash's probabilities); and the
+ * drafts are really accepted. */
+TEST(embedded_every_drafter_family_lossless) {
+    static const char *const files[] = {"models/drafter.gguf", "models/drafter-dspark.gguf", "models/drafter-dflash2.gguf"};
+    static const char *const modes[] = {"", "--draft-min 0", "--draft-p-min 0.3"};
+    char cmd[4096], out[65536], ref[32768], got[32768], qp[2048];
+    for (size_t p = 0; p < sizeof(k_prompts) / sizeof(k_prompts[0]); p++) {
+        /* the prompt for a single-quoted shell argument */
+        size_t w = 0;
+        for (const char *c = k_prompts[p]; *c && w + 5 < sizeof(qp); c++) {
+            if (*c == '\'') { memcpy(qp + w, "'\\''", 4); w += 4; }
+            else qp[w++] = *c;
+        }
+        qp[w] = '\0';
+        snprintf(cmd, sizeof(cmd), "%s generate -p '%s' -n %d -t 1 -tb 1 --json --no-spec", test_cli_path(), qp, N_GEN);
+        REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
+        json_tokens(out, ref, sizeof(ref));
+        REQUIRE(ref[0] != '\0');
+        for (size_t f = 0; f < sizeof(files) / sizeof(files[0]); f++) {
+            CHECK_MSG(access(files[f], R_OK) == 0, "%s is missing", files[f]);
+            if (access(files[f], R_OK) != 0) continue;
+            for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+                snprintf(cmd, sizeof(cmd), "%s generate -md %s -p '%s' -n %d -t 1 -tb 1 --json %s", test_cli_path(),
+                         files[f], qp, N_GEN, modes[m]);
+                const int rc = test_run(cmd, out, sizeof(out));
+                CHECK_MSG(rc == 0, "%s %s: rc %d: %.300s", files[f], modes[m], rc, out);
+                json_tokens(out, got, sizeof(got));
+                CHECK_MSG(strcmp(got, ref) == 0, "%s '%s', prompt %zu: output differs from the target alone", files[f],
+                          modes[m], p);
+                const long steps = json_long(out, "\"n_steps\":"), acc = json_long(out, "\"n_accepted\":");
+                if (p == 0 || steps <= 0) {
+                    printf("    %s %s, prompt %zu: tau %.2f (%ld steps)\n", files[f], modes[m][0] ? modes[m] : "(default)", p,
+                           steps > 0 ? (double)(acc + steps) / (double)steps : 0.0, steps);
+                }
+                CHECK_MSG(steps > 0 && acc > 0, "%s '%s', prompt %zu: no draft accepted (%ld steps)", files[f], modes[m], p,
+                          steps);
+            }
+        }
+    }
+}

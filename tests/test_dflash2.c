@@ -188,6 +188,10 @@ TEST(dflash2_drafter_vs_numpy) {
     vs_numpy_case(t, "d", TINY_T " --type f32 --block-size 5 --draft-layers 1 --seed 6 --dflash2 9,1,5,7", 4, &n_tok, &n_lat);
     /* a single tap (no shift: the convolution is a per-token gate), group size 32, 3 layers */
     vs_numpy_case(t, "e", TINY_T " --type f32 --block-size 8 --draft-layers 3 --seed 9 --dflash2 1,32,8,3", 7, &n_tok, &n_lat);
+    /* the drafter options on the selector's input: logit scale and a tight final softcap (llama.cpp
+     * applies both before the selector, so they move the lattice scores, not only probabilities) */
+    vs_numpy_case(t, "f", TINY_T " --type f32 --block-size 8 --draft-layers 1 --seed 11 --dflash2 3,8,16,4 --logit-scale 3 "
+                  "--softcap 0.05", 7, &n_tok, &n_lat);
     printf("    %d walked tokens and %d lattice rows compared with numpy\n", n_tok, n_lat);
     CHECK(n_tok >= 10);
     CHECK(n_lat >= 10);

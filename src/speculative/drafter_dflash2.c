@@ -323,6 +323,12 @@ dfl_status dflash2_select(dfl_context *d, dflash2_state *st, tensor x_out, tenso
     op_read(q, st->h_logits, logits, (size_t)(n_out * V) * sizeof(float));
     op_read(q, st->h_gate, gate, (size_t)(n_out * st->R) * sizeof(float));
     backend_queue_synchronize(q);
+    /* the final logit softcap (dflash.final_logit_softcapping), before the selector as in
+     * llama.cpp: it changes the lattice scores, not only the probabilities */
+    const float cap = d->model->dflash.final_logit_softcapping;
+    if (cap > 0.0f) {
+        for (size_t e = 0; e < (size_t)(n_out * V); e++) st->h_logits[e] = cap * tanhf(st->h_logits[e] / cap);
+    }
     int64_t off = 0;
     for (int32_t i = 0; i < n_active; i++) {
         const int64_t L = lens != NULL ? lens[i] : n_draft;

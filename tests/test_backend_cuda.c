@@ -1119,6 +1119,45 @@ TEST(cuda_op_attention_vs_ref) {
     env_close(t, &e);
 }
 
+/* Structured mask kinds (no mask tensor: the kernel computes the visible cells from the row index)
+ * give the same bits as the op with the mask tensor of that kind (causal: mask kind 1; full: no
+ * masked cell), over one split and several, F16 and F32 caches. */
+TEST(cuda_op_attention_structured_masks) {
+    cu_env e;
+    if (!env_open(t, &e, true)) return;
+    rng r = {77};
+    static const int64_t cases[][5] = {
+        {64, 4, 2, 5, 37}, {128, 32, 8, 16, 300}, {16, 2, 1, 70, 70}, {80, 6, 3, 3, 513}, {128, 8, 2, 1, 600},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int32_t kind = BACKEND_ATTN_CAUSAL; kind <= BACKEND_ATTN_FULL; kind++) {
+            for (int f16 = 0; f16 < 2; f16++) {
+                attn_layout L;
+                attn_make(&L, &r, f16 ? QUANT_TYPE_F16 : QUANT_TYPE_F32, cases[c][0], cases[c][1], cases[c][2],
+                          cases[c][3], cases[c][4], kind == BACKEND_ATTN_CAUSAL ? 1 : 0);
+                char what[160];
+                snprintf(what, sizeof(what), "attention %s %s hd %lld nh %lld/%lld nq %lld n_kv %lld",
+                         kind == BACKEND_ATTN_CAUSAL ? "causal" : "full", f16 ? "f16" : "f32", (long long)cases[c][0],
+                         (long long)cases[c][1], (long long)cases[c][2], (long long)cases[c][3], (long long)cases[c][4]);
+                uint8_t *with_mask = run_dev(t, e.be, &L.op, &L.b, what);
+                backend_op sop = L.op;
+                sop.src[3] = tensor_2d(QUANT_TYPE_F32, NULL, cases[c][4], cases[c][3]);
+                sop.i[0] = kind;
+                uint8_t *structured = run_dev(t, e.be, &sop, &L.b, what);
+                if (with_mask != NULL && structured != NULL) {
+                    const size_t off = (size_t)((uint8_t *)L.op.dst.data - L.b.mem);
+                    CHECK_MSG(memcmp(with_mask + off, structured + off, tensor_nbytes(&L.op.dst)) == 0,
+                              "%s: structured differs from the mask tensor", what);
+                }
+                free(with_mask);
+                free(structured);
+                tv_arena_free(&L.b);
+            }
+        }
+    }
+    env_close(t, &e);
+}
+
 /* A query row gives the same bits alone as inside a 16-row op, and over exactly its visible cells
  * (decode) as inside a causal verification op over more cells. */
 TEST(cuda_op_attention_row_invariance) {

@@ -712,6 +712,102 @@ TEST(backend_attention_row_invariance) {
     }
 }
 
+/* Structured mask kinds (BACKEND_ATTN_CAUSAL / BACKEND_ATTN_FULL: no mask tensor, the kernel
+ * computes the visible cells from the row index) give the same bits as the same op with the mask
+ * tensor that kind describes: in the scalar reference, and at every level through the tiled f16
+ * path (several tiles of query rows, GQA groups of 1-8) and the per-row path (f32 or mixed K/V),
+ * head sizes off the SIMD widths, a causal op whose queries are all its cells (nq == n_kv). */
+static void attn_struct_case(test_ctx *t, rng *r, uint32_t ktype, uint32_t vtype, int64_t hd, int64_t nh,
+                             int64_t nh_kv, int64_t nq, int64_t n_kv, int nt, int level) {
+    const int64_t cap = n_kv + 3; /* the first n_kv cells of a larger cache */
+    const size_t ksz = ktype == QUANT_TYPE_F16 ? 2 : 4, vsz = vtype == QUANT_TYPE_F16 ? 2 : 4;
+    const size_t n_out = (size_t)(hd * nh * nq);
+    float *q = malloc(n_out * sizeof(float)), *mask = malloc((size_t)(n_kv * nq) * sizeof(float));
+    uint8_t *kc = malloc((size_t)(hd * nh_kv * cap) * ksz), *vc = malloc((size_t)(hd * nh_kv * cap) * vsz);
+    float *o[4]; /* reference with mask / structured, backend with mask / structured */
+    for (int i = 0; i < 4; i++) o[i] = malloc(n_out * sizeof(float));
+    REQUIRE(q && mask && kc && vc && o[0] && o[1] && o[2] && o[3]);
+    fill_f32(r, q, hd * nh * nq, 4.0f);
+    for (int64_t i = 0; i < hd * nh_kv * cap; i++) {
+        const float kv = rng_f(r) * 2.0f, vv = rng_f(r);
+        const uint16_t a = fp32_to_fp16(kv), b = fp32_to_fp16(vv);
+        if (ksz == 2) memcpy(kc + 2 * i, &a, 2);
+        else memcpy(kc + 4 * i, &kv, 4);
+        if (vsz == 2) memcpy(vc + 2 * i, &b, 2);
+        else memcpy(vc + 4 * i, &vv, 4);
+    }
+    backend *be = make_backend(nt, level, false);
+    REQUIRE(be);
+    for (int32_t kind = BACKEND_ATTN_CAUSAL; kind <= BACKEND_ATTN_FULL; kind++) {
+        for (int64_t iq = 0; iq < nq; iq++) {
+            for (int64_t j = 0; j < n_kv; j++) {
+                const bool vis = kind == BACKEND_ATTN_FULL || j <= n_kv - nq + iq;
+                mask[iq * n_kv + j] = vis ? 0.0f : -INFINITY;
+            }
+        }
+        backend_op op;
+        memset(&op, 0, sizeof(op));
+        op.kind = BACKEND_OP_ATTENTION;
+        op.src[0] = tensor_3d(QUANT_TYPE_F32, q, hd, nh, nq);
+        op.src[1] = tensor_3d(ktype, kc, hd, nh_kv, n_kv);
+        op.src[2] = tensor_3d(vtype, vc, hd, nh_kv, n_kv);
+        backend_op sop = op;
+        op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, n_kv, nq);
+        op.i[0] = BACKEND_ATTN_MASK;
+        sop.i[0] = kind;
+        dfl_error err;
+        memset(&err, 0, sizeof(err));
+        op.dst = tensor_3d(QUANT_TYPE_F32, o[0], hd, nh, nq);
+        REQUIRE(backend_op_validate(be, &op, &err) == DFL_OK);
+        sop.dst = tensor_3d(QUANT_TYPE_F32, o[1], hd, nh, nq);
+        REQUIRE(backend_op_validate(be, &sop, &err) == DFL_OK);
+        cpu_op_attention_ref(&op);
+        cpu_op_attention_ref(&sop);
+        op.dst.data = o[2];
+        sop.dst.data = o[3];
+        memset(o[2], 0xff, n_out * sizeof(float));
+        memset(o[3], 0xff, n_out * sizeof(float));
+        run_op(be, &op);
+        run_op(be, &sop);
+        char what[160];
+        snprintf(what, sizeof(what), "attention %s %s k %s v %s hd %lld nh %lld/%lld nq %lld n_kv %lld threads %d",
+                 kind == BACKEND_ATTN_CAUSAL ? "causal" : "full", k_level_names[level],
+                 ktype == QUANT_TYPE_F16 ? "f16" : "f32", vtype == QUANT_TYPE_F16 ? "f16" : "f32", (long long)hd,
+                 (long long)nh, (long long)nh_kv, (long long)nq, (long long)n_kv, nt);
+        CHECK_MSG(memcmp(o[0], o[1], n_out * sizeof(float)) == 0, "%s: reference, structured differs from the mask",
+                  what);
+        for (size_t i = 0; i < n_out; i++) {
+            if (memcmp(&o[2][i], &o[3][i], sizeof(float)) != 0) {
+                test_fail(t, __FILE__, __LINE__, "%s: structured differs from the mask at %zu: %.9g vs %.9g", what, i,
+                          o[3][i], o[2][i]);
+                break;
+            }
+        }
+        close_enough(t, what, o[3], o[1], (int64_t)n_out, vtype == QUANT_TYPE_F16 ? 1e-3 : 2e-6, 2e-5);
+    }
+    backend_free(be);
+    free(q); free(mask); free(kc); free(vc);
+    for (int i = 0; i < 4; i++) free(o[i]);
+}
+
+TEST(backend_attention_structured_masks) {
+    rng r = {21};
+    const uint32_t F16 = QUANT_TYPE_F16, F32 = QUANT_TYPE_F32;
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        for (int nt = 1; nt <= 3; nt += 2) {
+            attn_struct_case(t, &r, F16, F16, 64, 4, 2, 5, 37, nt, level);
+            attn_struct_case(t, &r, F16, F16, 128, 16, 8, 17, 200, nt, level);  /* verify-sized, GQA 2 */
+            attn_struct_case(t, &r, F16, F16, 64, 8, 1, 40, 40, nt, level);     /* a prompt: nq == n_kv */
+            attn_struct_case(t, &r, F16, F16, 33, 6, 6, 19, 90, nt, level);     /* group 1: 8 positions a tile */
+            attn_struct_case(t, &r, F16, F16, 72, 4, 2, 1, 129, nt, level);     /* decode */
+            attn_struct_case(t, &r, F32, F32, 47, 4, 2, 9, 41, nt, level);
+            attn_struct_case(t, &r, F16, F32, 15, 4, 2, 9, 9, nt, level);
+            attn_struct_case(t, &r, F32, F16, 64, 4, 1, 3, 70, nt, level);
+        }
+    }
+}
+
 /* The f16 attention helpers (dot_f16, axpy_f16) of every level against the scalar ones on lengths
  * around every SIMD width: a tail bug moves a result by O(1). */
 TEST(backend_f16_dot_axpy_kernels) {
@@ -1113,6 +1209,27 @@ TEST(backend_op_validation_messages) {
     op.src[3] = tensor_2d(QUANT_TYPE_F32, buf, 5, 1);
     CHECK_EQ_INT(backend_op_validate(be, &op, &err), DFL_ERR_INVALID);
     CHECK_STR_CONTAINS(err.msg, "n_head_kv");
+    /* structured mask kinds: a known kind, no mask tensor beside it, causal queries within the cells */
+    memset(&err, 0, sizeof(err));
+    op.src[1] = tensor_3d(QUANT_TYPE_F16, buf, 8, 3, 5);
+    op.src[2] = tensor_3d(QUANT_TYPE_F16, buf, 8, 3, 5);
+    CHECK_EQ_INT(backend_op_validate(be, &op, &err), DFL_OK);
+    op.i[0] = 7;
+    CHECK_EQ_INT(backend_op_validate(be, &op, &err), DFL_ERR_INVALID);
+    CHECK_STR_CONTAINS(err.msg, "mask kind 7 is unknown");
+    memset(&err, 0, sizeof(err));
+    op.i[0] = BACKEND_ATTN_CAUSAL;
+    CHECK_EQ_INT(backend_op_validate(be, &op, &err), DFL_ERR_INVALID);
+    CHECK_STR_CONTAINS(err.msg, "takes no mask tensor");
+    memset(&err, 0, sizeof(err));
+    op.src[3] = tensor_2d(QUANT_TYPE_F32, NULL, 5, 1);
+    CHECK_EQ_INT(backend_op_validate(be, &op, &err), DFL_OK);
+    op.src[0] = tensor_3d(QUANT_TYPE_F32, buf, 8, 3, 6);
+    op.dst = tensor_3d(QUANT_TYPE_F32, buf, 8, 3, 6);
+    CHECK_EQ_INT(backend_op_validate(be, &op, &err), DFL_ERR_INVALID);
+    CHECK_STR_CONTAINS(err.msg, "causal with 6 query rows over 5 cells");
+    op.i[0] = BACKEND_ATTN_FULL; /* any number of rows sees every cell */
+    CHECK_EQ_INT(backend_op_validate(be, &op, &err), DFL_OK);
 
     memset(&err, 0, sizeof(err));
     tensor a = tensor_2d(QUANT_TYPE_F32, buf, 10, 3), b = tensor_2d(QUANT_TYPE_F32, buf, 10, 2);

@@ -231,7 +231,8 @@ TEST(spec_drafter_vs_numpy) {
         CHECK(drafter_draft(p.dctx, 1, (int32_t[]){0}, &first, 7, NULL, draft, logits, &err) == DFL_OK);
         double e = tu_rel_err(logits, ref, 7 * NV);
         printf("    drafter block logits (f32, f32 KV) vs numpy: max rel err %.3g\n", e);
-        CHECK_MSG(e < 1e-4, "drafter logits relative error %.3g", e);
+        /* 3-5x the error measured (1.3e-7, AVX-512 build) */
+        CHECK_MSG(e < 5e-7, "drafter logits relative error %.3g", e);
         for (int j = 0; j < 7; j++) CHECK_EQ_INT(draft[j], tu_argmax(ref + j * NV, NV));
         free(logits);
     }

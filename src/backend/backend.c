@@ -283,18 +283,32 @@ static dfl_status validate_generic(const backend_op *op, dfl_error *err) {
         TRY(check_tensor(err, op, "q", s0));
         TRY(check_tensor(err, op, "k", s1));
         TRY(check_tensor(err, op, "v", s2));
-        TRY(check_tensor(err, op, "mask", s3));
+        const int32_t kind = op->i[0];
+        if (kind != BACKEND_ATTN_MASK && kind != BACKEND_ATTN_CAUSAL && kind != BACKEND_ATTN_FULL) {
+            return error_set(err, DFL_ERR_INVALID, "op attention: mask kind %d is unknown (0 tensor, 1 causal, 2 full)",
+                             (int)kind);
+        }
+        if (kind == BACKEND_ATTN_MASK) {
+            TRY(check_tensor(err, op, "mask", s3));
+            TRY(check_type(err, op, "mask", s3, F32, F32, F32));
+        } else if (s3->data != NULL) {
+            return error_set(err, DFL_ERR_INVALID, "op attention: a %s mask kind takes no mask tensor (src[3] has data)",
+                             kind == BACKEND_ATTN_CAUSAL ? "causal" : "full");
+        }
         TRY(check_type(err, op, "q", s0, F32, F32, F32));
         TRY(check_type(err, op, "k", s1, F16, F32, F32));
         TRY(check_type(err, op, "v", s2, F16, F32, F32));
-        TRY(check_type(err, op, "mask", s3, F32, F32, F32));
         TRY(check_type(err, op, "dst", d, F32, F32, F32));
         const int64_t hd = s0->ne[0], nh = s0->ne[1], nq = s0->ne[2];
         const int64_t nh_kv = s1->ne[1], n_kv = s1->ne[2], hd_v = s2->ne[0];
         TRY(check_shape(err, op, "q", s0, hd, nh, nq, 1));
         TRY(check_shape(err, op, "k", s1, hd, nh_kv, n_kv, 1));
         TRY(check_shape(err, op, "v", s2, hd_v, nh_kv, n_kv, 1));
-        TRY(check_shape(err, op, "mask", s3, n_kv, nq, 1, 1));
+        if (kind == BACKEND_ATTN_MASK) TRY(check_shape(err, op, "mask", s3, n_kv, nq, 1, 1));
+        if (kind == BACKEND_ATTN_CAUSAL && nq > n_kv) {
+            return error_set(err, DFL_ERR_INVALID, "op attention: causal with %lld query rows over %lld cells (the "
+                             "queries must be the last cells)", (long long)nq, (long long)n_kv);
+        }
         TRY(check_shape(err, op, "dst", d, hd_v, nh, nq, 1));
         if (nh % nh_kv != 0) {
             return error_set(err, DFL_ERR_INVALID, "op attention: n_head %lld is not a multiple of n_head_kv %lld",
@@ -525,6 +539,18 @@ void op_attention(backend_queue *q, tensor dst, tensor qry, tensor k, tensor v, 
     op.src[2] = v;
     op.src[3] = mask;
     op.f[0] = scale;
+    op.i[0] = BACKEND_ATTN_MASK;
+    backend_queue_submit(q, &op);
+}
+
+void op_attention_structured(backend_queue *q, tensor dst, tensor qry, tensor k, tensor v, backend_attn_mask kind,
+                             float scale) {
+    backend_op op = op_init(BACKEND_OP_ATTENTION, &dst);
+    op.src[0] = qry;
+    op.src[1] = k;
+    op.src[2] = v;
+    op.f[0] = scale;
+    op.i[0] = (int32_t)kind;
     backend_queue_submit(q, &op);
 }
 

@@ -145,7 +145,7 @@ typedef enum backend_op_kind {
     BACKEND_OP_MATMUL,     /* dst = x W^T */
     BACKEND_OP_RMSNORM,    /* dst = x / sqrt(mean(x^2) + eps) * w */
     BACKEND_OP_ROPE_NEOX,  /* dst = rope(x, pos) */
-    BACKEND_OP_ATTENTION,  /* dst = softmax(q k^T * scale + mask) v */
+    BACKEND_OP_ATTENTION,  /* dst = softmax(q k^T * scale + mask) v (mask: a tensor or causal / full) */
     BACKEND_OP_SET_ROWS,   /* dst[idx[r]] = src[r] */
     BACKEND_OP_GET_ROWS,   /* dst[r] = dequant(src[idx[r]]) */
     BACKEND_OP_ADD,        /* dst = a + b */
@@ -167,7 +167,7 @@ typedef struct backend_op {
     tensor dst;
     tensor src[4];
     float f[2];    /* eps (rmsnorm), freq_base (rope), scale (scale, attention) */
-    int32_t i[2];  /* n_rot (rope) */
+    int32_t i[2];  /* n_rot (rope); the mask kind (attention, backend_attn_mask) */
     void *host;    /* host memory of op_write / op_read */
     size_t size;   /* bytes of op_write / op_read */
 } backend_op;
@@ -202,11 +202,34 @@ void op_rope_norm(backend_queue *q, tensor dst, tensor x, tensor pos, float freq
 
 /* attention: dst [head_dim_v, n_head, n_q] f32; q [head_dim, n_head, n_q] f32;
  * k [head_dim, n_head_kv, n_kv] and v [head_dim_v, n_head_kv, n_kv] F16 or F32 (the KV cache);
- * mask [n_kv, n_q] f32 additive (0 or -INFINITY; built by the caller: causal, non-causal,
- * per-sequence); cells whose mask is -INFINITY are skipped. GQA: head h uses kv head
- * h / (n_head / n_head_kv). scale 0 means 1/sqrt(head_dim). Softmax in f32 with max-subtraction.
- * A query row with every cell masked gets zeros. */
+ * mask [n_kv, n_q] f32 additive (0, a bias or -INFINITY; any pattern); cells whose mask is
+ * -INFINITY are skipped. GQA: head h uses kv head h / (n_head / n_head_kv). scale 0 means
+ * 1/sqrt(head_dim). Softmax in f32 with max-subtraction. A query row with every cell masked gets
+ * zeros. The record's i[0] is BACKEND_ATTN_MASK (src[3] the mask). */
 void op_attention(backend_queue *q, tensor dst, tensor qry, tensor k, tensor v, tensor mask, float scale);
+
+/* Which cells a query row of an attention op sees (the record's i[0]). The structured kinds need
+ * no mask tensor (src[3] has no data): the kernels compute the visible cells from the row index,
+ * so a micro-batch builds and uploads no [n_kv, n_q] mask. One op covers one sequence's cells. */
+typedef enum backend_attn_mask {
+    BACKEND_ATTN_MASK = 0,   /* the additive mask src[3] */
+    BACKEND_ATTN_CAUSAL = 1, /* the queries are the last n_q cells, in order: row iq sees cells
+                              * [0, n_kv - n_q + iq] (needs n_q <= n_kv) */
+    BACKEND_ATTN_FULL = 2,   /* every row sees every cell (a non-causal drafter block) */
+} backend_attn_mask;
+
+/* The number of leading cells query row iq sees under a structured kind (BACKEND_ATTN_CAUSAL or
+ * BACKEND_ATTN_FULL); the others are masked: the mask tensor of the same kind is 0 on [0, n) and
+ * -INFINITY after. */
+static inline int64_t backend_attn_n_visible(int32_t kind, int64_t iq, int64_t n_q, int64_t n_kv) {
+    return kind == BACKEND_ATTN_CAUSAL ? n_kv - n_q + iq + 1 : n_kv;
+}
+
+/* attention as op_attention with a structured mask kind (BACKEND_ATTN_CAUSAL or
+ * BACKEND_ATTN_FULL) instead of a mask tensor: the same values, bit for bit, as op_attention
+ * with the mask that kind describes. */
+void op_attention_structured(backend_queue *q, tensor dst, tensor qry, tensor k, tensor v, backend_attn_mask kind,
+                             float scale);
 
 /* set_rows: dst [n, n_dst_rows] (F32, F16 or BF16) row idx[r] = src row r, src [n, n_rows] f32;
  * idx [n_rows] I32 or I64. Indices out of range abort (invariant). */

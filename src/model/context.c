@@ -89,7 +89,6 @@ static size_t scratch_layout(dfl_context *ctx, backend_buffer *buf) {
     PLACE(cells, QUANT_TYPE_I64, n, 1);
     PLACE(rows, QUANT_TYPE_I32, n, 1);
     PLACE(bidx, QUANT_TYPE_I64, n, 1);
-    PLACE(mask, QUANT_TYPE_F32, ctx->kv.n_ctx * n, 1);
     PLACE(embd_in, QUANT_TYPE_F32, hp->n_embd, n);
     if (hp->arch == DFL_ARCH_DFLASH) {
         PLACE(feat_in, QUANT_TYPE_F32, hp->n_target_layers * hp->n_embd, n);
@@ -114,14 +113,13 @@ static dfl_status context_alloc_host(dfl_context *ctx, dfl_error *err) {
     ctx->h_bidx = calloc((size_t)n, sizeof(int64_t));
     ctx->h_perm = calloc((size_t)n, sizeof(int64_t));
     ctx->h_inv = calloc((size_t)n, sizeof(int64_t));
-    ctx->h_mask = calloc((size_t)(ctx->kv.n_ctx * n), sizeof(float));
     ctx->h_embd = calloc((size_t)(ctx->n_embd * n), sizeof(float));
     ctx->groups = calloc((size_t)n, sizeof(ctx_group));
     ctx->seq_len_tmp = calloc((size_t)ctx->kv.n_seq, sizeof(int64_t));
     ctx->logits = calloc((size_t)ctx->n_vocab * (size_t)ctx->n_out_max, sizeof(float));
     ctx->argmax_ids = calloc((size_t)ctx->n_out_max, sizeof(int32_t));
     ctx->out_of = calloc((size_t)ctx->params.n_batch, sizeof(int64_t));
-    if (!ctx->h_ids || !ctx->h_pos || !ctx->h_cells || !ctx->h_rows || !ctx->h_bidx || !ctx->h_perm || !ctx->h_inv || !ctx->h_mask ||
+    if (!ctx->h_ids || !ctx->h_pos || !ctx->h_cells || !ctx->h_rows || !ctx->h_bidx || !ctx->h_perm || !ctx->h_inv ||
         !ctx->h_embd || !ctx->groups || !ctx->seq_len_tmp || !ctx->logits || !ctx->argmax_ids || !ctx->out_of) {
         return error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
     }
@@ -349,7 +347,7 @@ void dfl_context_free(dfl_context *ctx) {
     if (ctx->queue) backend_queue_free(ctx->queue);
     if (ctx->own_backend && ctx->be) backend_free(ctx->be);
     free(ctx->h_ids); free(ctx->h_pos); free(ctx->h_cells); free(ctx->h_rows); free(ctx->h_bidx);
-    free(ctx->h_perm); free(ctx->h_inv); free(ctx->h_mask); free(ctx->h_embd); free(ctx->groups); free(ctx->seq_len_tmp);
+    free(ctx->h_perm); free(ctx->h_inv); free(ctx->h_embd); free(ctx->groups); free(ctx->seq_len_tmp);
     free(ctx->logits); free(ctx->argmax_ids); free(ctx->out_of);
     free(ctx);
 }

@@ -74,7 +74,6 @@ typedef struct ctx_scratch {
     tensor cells;   /* [n_ub] i64 KV cells (work order) */
     tensor rows;    /* [n_ub] i32 work rows of the outputs, in batch order */
     tensor bidx;    /* [n_ub] i64 batch index of each work row (capture scatter) */
-    tensor mask;    /* [n_ctx * n_ub] f32: the masks of all sequence groups, packed */
     tensor embd_in; /* [n_embd, n_ub] f32 input embeddings (work order) */
     tensor feat_in; /* drafter: [n_tl*n_embd, n_ub] f32 raw target features (work order) */
     tensor erow;    /* drafter: [n_ub] i32 rows of the target's feature buffer (work order) */
@@ -85,7 +84,7 @@ typedef struct ctx_group {
     int32_t seq;
     int64_t r0, n;        /* work rows [r0, r0 + n) */
     int64_t n_kv;         /* cells visible: [0, n_kv) of the sequence's region */
-    size_t mask_off;      /* float offset of its [n_kv, n] mask in scratch.mask */
+    bool causal;          /* row i sees cells [0, n_kv - n + i]; else all n_kv (drafter block) */
 } ctx_group;
 
 struct dfl_context {
@@ -110,7 +109,6 @@ struct dfl_context {
     int64_t *h_bidx;       /* [n_ub] */
     int64_t *h_perm;       /* [n_ub] work row -> ubatch entry */
     int64_t *h_inv;        /* [n_ub] ubatch entry -> work row */
-    float *h_mask;         /* [n_ctx * n_ub] */
     float *h_embd;         /* [n_embd, n_ub] */
     ctx_group *groups;     /* [n_ub] */
     int64_t *seq_len_tmp;  /* [n_seq] */

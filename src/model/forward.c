@@ -40,7 +40,7 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
         ctx->h_bidx[r] = ctx->link != NULL && ctx->link->device ? ub->i0 + e : e; /* feature row: batch index, or staging row */
     }
     const int64_t n_out = fwd_output_rows(ctx, ub->output, n);
-    fwd_upload_inputs(ctx, n, n_groups);
+    fwd_upload_inputs(ctx, n);
 
     /* 2. input embeddings [n_embd, n] */
     tensor x = tensor_rows(&s->x, 0, n);

@@ -1,10 +1,9 @@
-/* forward_common.c: micro-batch planning (work order, per-sequence groups and masks), input
+/* forward_common.c: micro-batch planning (work order, per-sequence groups), input
  * upload, embedding, layer-input capture, and the attention / FFN sub-blocks shared by the target
  * and drafter forwards. */
 #include "model/forward_common.h"
 #include "base/error.h"
 
-#include <math.h>
 #include <string.h>
 
 tensor fwd_vec_head(const tensor *t, int64_t n) {
@@ -20,7 +19,6 @@ int64_t fwd_plan_groups(dfl_context *ctx, const batch_ubatch *ub, bool non_causa
     memset(count, 0, (size_t)n_seq * sizeof(int64_t));
     for (int64_t e = 0; e < n; e++) count[ub->seq_id[e]]++;
     int64_t n_groups = 0, r = 0;
-    size_t mask_off = 0;
     for (int64_t sq = 0; sq < n_seq; sq++) {
         if (count[sq] == 0) continue;
         ctx_group *g = &ctx->groups[n_groups++];
@@ -28,8 +26,7 @@ int64_t fwd_plan_groups(dfl_context *ctx, const batch_ubatch *ub, bool non_causa
         g->r0 = r;
         g->n = count[sq];
         g->n_kv = ctx->kv.seq_len[sq] + count[sq];
-        g->mask_off = mask_off;
-        mask_off += (size_t)g->n_kv * (size_t)g->n;
+        g->causal = !non_causal;
         count[sq] = r; /* now: next free work row of sq */
         r += g->n;
     }
@@ -38,16 +35,8 @@ int64_t fwd_plan_groups(dfl_context *ctx, const batch_ubatch *ub, bool non_causa
         ctx->h_perm[row] = e;
         ctx->h_inv[e] = row;
     }
-    /* masks [n_kv, n_g] per group: row i (position len + i) sees cells <= len + i (causal) */
-    for (int64_t gi = 0; gi < n_groups; gi++) {
-        const ctx_group *g = &ctx->groups[gi];
-        const int64_t len = ctx->kv.seq_len[g->seq];
-        float *m = ctx->h_mask + g->mask_off;
-        for (int64_t i = 0; i < g->n; i++) {
-            const int64_t last = non_causal ? g->n_kv - 1 : len + i;
-            for (int64_t c = 0; c < g->n_kv; c++) m[i * g->n_kv + c] = c <= last ? 0.0f : -INFINITY;
-        }
-    }
+    /* no mask: a group's attention op computes it (BACKEND_ATTN_CAUSAL: row i, at position
+     * len + i, sees the cells <= len + i; BACKEND_ATTN_FULL: every cell of the group) */
     return n_groups;
 }
 
@@ -59,7 +48,7 @@ int64_t fwd_output_rows(dfl_context *ctx, const bool *output, int64_t n) {
     return n_out;
 }
 
-void fwd_upload_inputs(dfl_context *ctx, int64_t n, int64_t n_groups) {
+void fwd_upload_inputs(dfl_context *ctx, int64_t n) {
     ctx_scratch *s = &ctx->s;
     backend_queue *q = ctx->queue;
     op_write(q, fwd_vec_head(&s->ids, n), ctx->h_ids, (size_t)n * sizeof(int32_t));
@@ -67,9 +56,6 @@ void fwd_upload_inputs(dfl_context *ctx, int64_t n, int64_t n_groups) {
     op_write(q, fwd_vec_head(&s->cells, n), ctx->h_cells, (size_t)n * sizeof(int64_t));
     op_write(q, fwd_vec_head(&s->bidx, n), ctx->h_bidx, (size_t)n * sizeof(int64_t));
     op_write(q, fwd_vec_head(&s->rows, n), ctx->h_rows, (size_t)n * sizeof(int32_t));
-    const ctx_group *last = &ctx->groups[n_groups - 1];
-    const size_t n_mask = last->mask_off + (size_t)last->n_kv * (size_t)last->n;
-    op_write(q, fwd_vec_head(&s->mask, (int64_t)n_mask), ctx->h_mask, n_mask * sizeof(float));
 }
 
 void fwd_embed_inputs(dfl_context *ctx, const batch_ubatch *ub, const tensor *token_embd, tensor x, int64_t n) {
@@ -170,9 +156,7 @@ void fwd_attention_core(dfl_context *ctx, int64_t il, tensor h, tensor out, int6
         qg = tensor_reshape_3d(&qg, hd_k, hp->n_head, g->n);                /* [hd_k, n_head, n_g] */
         tensor og = tensor_rows(&att, g->r0, g->n);
         og = tensor_reshape_3d(&og, hd_v, hp->n_head, g->n);                /* [hd_v, n_head, n_g] */
-        tensor mg = tensor_2d(QUANT_TYPE_F32, (float *)s->mask.data + g->mask_off, g->n_kv, g->n); /* [n_kv, n_g] */
-        mg.buf = s->mask.buf;
-        op_attention(q, og, qg, kc, vc, mg, 0.0f);
+        op_attention_structured(q, og, qg, kc, vc, g->causal ? BACKEND_ATTN_CAUSAL : BACKEND_ATTN_FULL, 0.0f);
     }
     /* out = Wo att */
     op_matmul(q, out, L->wo, att);

@@ -1,5 +1,5 @@
 /* forward_common.h: the pieces of a forward pass shared by the target (forward.c) and the
- * DFlash drafter: planning a micro-batch (work order, sequence groups, masks), uploading its
+ * DFlash drafter: planning a micro-batch (work order, sequence groups), uploading its
  * inputs, embedding, capture of layer inputs, and the attention and FFN sub-blocks. */
 #ifndef DFL_MODEL_FORWARD_COMMON_H
 #define DFL_MODEL_FORWARD_COMMON_H
@@ -7,17 +7,18 @@
 #include "model/context.h"
 
 /* Sorts the micro-batch's entries by sequence (stable) into ctx->h_perm (work row -> entry),
- * fills ctx->groups and the packed masks in ctx->h_mask. Causal: a query at position p sees the
- * cells <= p of its sequence; non-causal (the drafter's block): every query sees all cells of
- * its sequence up to the end of the micro-batch. Returns the number of groups. */
+ * fills ctx->groups. Causal: a query at position p sees the cells <= p of its sequence;
+ * non-causal (the drafter's block): every query sees all cells of its sequence up to the end of
+ * the micro-batch. No mask is built: each group's attention op computes it from the row index
+ * (backend_attn_mask). Returns the number of groups. */
 int64_t fwd_plan_groups(dfl_context *ctx, const batch_ubatch *ub, bool non_causal);
 /* The first n elements of a 1-d tensor. */
 tensor fwd_vec_head(const tensor *t, int64_t n);
 /* Work rows of the entries with output set, in entry order (so logits come out in batch order),
  * into ctx->h_rows; returns their count. Needs fwd_plan_groups first. */
 int64_t fwd_output_rows(dfl_context *ctx, const bool *output, int64_t n);
-/* Enqueues the writes of ids, pos, cells, output rows, batch indices and masks. */
-void fwd_upload_inputs(dfl_context *ctx, int64_t n, int64_t n_groups);
+/* Enqueues the writes of ids, pos, cells, output rows and batch indices. */
+void fwd_upload_inputs(dfl_context *ctx, int64_t n);
 /* x [n_embd, n] = token_embd[ids] for token entries, the entry's embedding for the others. */
 void fwd_embed_inputs(dfl_context *ctx, const batch_ubatch *ub, const tensor *token_embd, tensor x, int64_t n);
 /* If layer-input id `id` is captured, scatter x's rows into the feature buffer at their batch index. */

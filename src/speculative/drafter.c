@@ -225,7 +225,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         d->h_bidx[r] = e;
     }
     n_out = fwd_output_rows(d, ds->blk_out, n);
-    fwd_upload_inputs(d, n, n_groups);
+    fwd_upload_inputs(d, n);
     backend_queue *q = d->queue;
     ctx_scratch *s = &d->s;
     tensor x = tensor_rows(&s->x, 0, n);                               /* [n_embd, n] */

@@ -249,23 +249,27 @@ static void attn_fn(void *ctx, int ith, int nth) {
     float *qv = s + ((n_kv + 15) & ~(int64_t)15);
     float *acc = qv + ((hd + 15) & ~(int64_t)15);
     const bool k16 = k->type == QUANT_TYPE_F16, v16 = v->type == QUANT_TYPE_F16;
+    const int32_t kind = op->i[0];
 
     const int64_t n_items = nq * nh;
     const int64_t it0 = n_items * ith / nth, it1 = n_items * (ith + 1) / nth;
     for (int64_t it = it0; it < it1; it++) {
         const int64_t iq = it / nh, h = it % nh, hk = h / group;
-        const float *mrow = (const float *)((const char *)mask->data + (size_t)iq * mask->nb[1]);
+        /* a mask tensor's row, or the cells [0, n_vis) a structured kind shows this row */
+        const float *mrow = kind == BACKEND_ATTN_MASK ? (const float *)((const char *)mask->data + (size_t)iq * mask->nb[1]) : NULL;
+        const int64_t n_vis = kind == BACKEND_ATTN_MASK ? n_kv : backend_attn_n_visible(kind, iq, nq, n_kv);
         const float *qr = (const float *)((const char *)q->data + (size_t)h * q->nb[1] + (size_t)iq * q->nb[2]);
         for (int64_t i = 0; i < hd; i++) qv[i] = k16 ? fp16_to_fp32(fp32_to_fp16(qr[i])) : qr[i];
         const char *kbase = (const char *)k->data + (size_t)hk * k->nb[1];
         for (int64_t j = 0; j < n_kv; j++) {
-            if (mrow[j] == -INFINITY) {
+            const float mv = mrow != NULL ? mrow[j] : j < n_vis ? 0.0f : -INFINITY;
+            if (mv == -INFINITY) {
                 s[j] = -INFINITY;
                 continue;
             }
             const void *kr = kbase + (size_t)j * k->nb[2];
             const float dot = k16 ? job->k->dot_f16(qv, kr, hd) : dot_f32(qv, kr, hd);
-            s[j] = dot * scale + mrow[j];
+            s[j] = dot * scale + mv;
         }
         job->k->softmax_row(s, s, n_kv);
         memset(acc, 0, (size_t)hd_v * sizeof(float));
@@ -293,7 +297,8 @@ static void attn_fn(void *ctx, int ith, int nth) {
  * A (query row, key) score and a query row's output go through the same operations whatever the
  * tile and n_kv (masked keys, p = 0, are skipped), so a row's result does not depend on its batch.
  * Causal / block structure: keys past the last one any row of the item can see (mask -inf to the
- * end, e.g. the future of a prefill chunk) are not computed at all: the item works on the first
+ * end, e.g. the future of a prefill chunk, or past a structured kind's visible prefix, which needs
+ * no mask tensor: backend_attn_n_visible) are not computed at all: the item works on the first
  * kv_end keys, kv_end rounded up to a multiple of 16 (the softmax kernels' chunk: a row's sums
  * then meet exactly the same nonzero terms in the same lanes and order as over all n_kv keys, the
  * rest being exact zeros), so the results stay bit-identical. Items are dealt to threads in turn
@@ -319,6 +324,7 @@ static void attn16_fn(void *ctx, int ith, int nth) {
     float *qb = job->scratch + job->per_thread * (size_t)ith;
     float *sb = qb + job->rows * hd;
     float *ob = sb + job->rows * ldk;
+    const int32_t kind = op->i[0];
     cpu_act act;
     cpu_act_layout(&act, CPU_DOT_F32, hd, job->rows, qb);
 
@@ -329,6 +335,11 @@ static void attn16_fn(void *ctx, int ith, int nth) {
         /* keys [0, kv_end) hold every key these query positions see (see the comment above) */
         int64_t last = 0;
         for (int64_t iq = iq0; iq < iq0 + nqi; iq++) {
+            if (kind != BACKEND_ATTN_MASK) { /* structured: a row sees a prefix of the cells */
+                const int64_t n_vis = backend_attn_n_visible(kind, iq, nq, n_kv);
+                if (n_vis > last) last = n_vis;
+                continue;
+            }
             const float *mrow = (const float *)((const char *)mask->data + (size_t)iq * mask->nb[1]);
             int64_t j = n_kv;
             while (j > last && mrow[j - 1] == -INFINITY) j--;
@@ -346,9 +357,18 @@ static void attn16_fn(void *ctx, int ith, int nth) {
         const char *kbase = (const char *)k->data + (size_t)hk * k->nb[1];
         job->k->matmul[QUANT_TYPE_F16](kbase, k->nb[2], &act, 0, rows, sb, ldk, 0, kv_end);
         for (int64_t r = 0; r < rows; r++) {
-            const float *mrow = (const float *)((const char *)mask->data + (size_t)(iq0 + r / group) * mask->nb[1]);
+            const int64_t iq = iq0 + r / group;
             float *sr = sb + r * ldk;
-            for (int64_t j = 0; j < kv_end; j++) sr[j] = mrow[j] == -INFINITY ? -INFINITY : sr[j] * scale + mrow[j];
+            if (kind == BACKEND_ATTN_MASK) {
+                const float *mrow = (const float *)((const char *)mask->data + (size_t)iq * mask->nb[1]);
+                for (int64_t j = 0; j < kv_end; j++) sr[j] = mrow[j] == -INFINITY ? -INFINITY : sr[j] * scale + mrow[j];
+            } else {
+                /* the mask tensor's arithmetic (+ 0.0f) on the visible cells, -inf on the rest */
+                const int64_t n_vis = backend_attn_n_visible(kind, iq, nq, n_kv);
+                const int64_t jv = n_vis < kv_end ? n_vis : kv_end;
+                for (int64_t j = 0; j < jv; j++) sr[j] = sr[j] * scale + 0.0f;
+                for (int64_t j = jv; j < kv_end; j++) sr[j] = -INFINITY;
+            }
             job->k->softmax_row(sr, sr, kv_end);
             /* the probabilities rounded to f16 in place (the activation rounding of f16 weights) */
             cpu_act pact;

@@ -152,8 +152,11 @@ void cpu_op_attention_ref(const backend_op *op) {
     float *s = ref_alloc((size_t)n_kv * sizeof(float));
     float *p = ref_alloc((size_t)n_kv * sizeof(float));
     double *acc = ref_alloc((size_t)hd_v * sizeof(double));
+    const int32_t kind = op->i[0];
     for (int64_t iq = 0; iq < nq; iq++) {
-        const float *mrow = (const float *)elem_ptr(mask, 0, iq, 0, 0);
+        /* a mask tensor's row, or the cells [0, n_vis) a structured kind shows this row */
+        const float *mrow = kind == BACKEND_ATTN_MASK ? (const float *)elem_ptr(mask, 0, iq, 0, 0) : NULL;
+        const int64_t n_vis = kind == BACKEND_ATTN_MASK ? n_kv : backend_attn_n_visible(kind, iq, nq, n_kv);
         for (int64_t h = 0; h < nh; h++) {
             const int64_t hk = h / group;
             const float *qr = (const float *)elem_ptr(q, 0, h, iq, 0);
@@ -161,7 +164,8 @@ void cpu_op_attention_ref(const backend_op *op) {
                 qv[i] = k->type == QUANT_TYPE_F16 ? fp16_to_fp32(fp32_to_fp16(qr[i])) : qr[i];
             }
             for (int64_t j = 0; j < n_kv; j++) {
-                if (mrow[j] == -INFINITY) {
+                const float mv = mrow != NULL ? mrow[j] : j < n_vis ? 0.0f : -INFINITY;
+                if (mv == -INFINITY) {
                     s[j] = -INFINITY;
                     continue;
                 }
@@ -169,7 +173,7 @@ void cpu_op_attention_ref(const backend_op *op) {
                 for (int64_t i = 0; i < hd; i++) {
                     dot += (double)qv[i] * (double)load_elem(k->type, elem_ptr(k, i, hk, j, 0));
                 }
-                s[j] = (float)dot * scale + mrow[j];
+                s[j] = (float)dot * scale + mv;
             }
             cpu_softmax_row_ref(p, s, n_kv);
             for (int64_t i = 0; i < hd_v; i++) acc[i] = 0.0;

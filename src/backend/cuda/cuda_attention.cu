@@ -1,6 +1,7 @@
 /* cuda_attention.cu: attention over the KV cache on the GPU, one kernel pair for every query
  * count (1 row in decode, 2-64 in verification, a prompt's rows in prefill), causal or not (the
- * caller's additive mask decides), GQA (head h reads kv head h / (n_head / n_head_kv)).
+ * caller's additive mask, or a structured kind computed here from the row index: no mask
+ * tensor), GQA (head h reads kv head h / (n_head / n_head_kv)).
  *
  * The cells are cut into splits of ATT_CHUNK; a block of k_attn_partial, grid (n_split, n_head,
  * n_q), scores its split for one (head, query) (a warp per cell, masked cells skipped).
@@ -37,8 +38,9 @@ __device__ __forceinline__ float att_round_f16(float x) { return __half2float(__
 enum { ATT_FULL = 0, ATT_STATS = 1, ATT_PV = 2 };
 
 __global__ void __launch_bounds__(ATT_THREADS) k_attn_partial(cuda_tensor q, cuda_tensor k, cuda_tensor v,
-                                                              cuda_tensor mask, float *part, cuda_tensor dst,
-                                                              float scale, int group, int n_split, int phase) {
+                                                              cuda_tensor mask, int64_t vis0, int vis_step,
+                                                              float *part, cuda_tensor dst, float scale, int group,
+                                                              int n_split, int phase) {
     extern __shared__ float att_sm[];
     __shared__ float sh_ml[2]; /* ATT_PV: the row's M and 1/L */
     const int split = blockIdx.x, h = blockIdx.y, iq = blockIdx.z;
@@ -53,12 +55,14 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_partial(cuda_tensor q, cud
     const int64_t j0 = (int64_t)split * ATT_CHUNK;
     const int64_t j1 = j0 + ATT_CHUNK < n_kv ? j0 + ATT_CHUNK : n_kv;
     const int n = (int)(j1 - j0);
-    const float *mrow = (const float *)(mask.data + iq * mask.nb[1]);
+    /* a mask tensor's row, or (no mask data: a structured kind) the cells [0, vis0 + vis_step * iq) */
+    const float *mrow = mask.data != NULL ? (const float *)(mask.data + iq * mask.nb[1]) : NULL;
+    const int64_t n_vis = vis0 + (int64_t)vis_step * iq;
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     for (int t = warp; t < n; t += n_warps) {
         const int64_t j = j0 + t;
-        const float mv = mrow[j];
+        const float mv = mrow != NULL ? mrow[j] : j < n_vis ? 0.0f : -INFINITY;
         float s = -INFINITY;
         if (mv != -INFINITY) {
             const char *kr = k.data + hk * k.nb[1] + j * k.nb[2];
@@ -235,13 +239,20 @@ void cuda_op_attention(cuda_backend *be, cuda_queue *q, const backend_op *op) {
     if (sm1 > 48 * 1024) cuda_fatal(__FILE__, __LINE__, "cuda_op_attention", "head_dim above 12000");
     const bool two_pass = vt->type == QUANT_TYPE_F16 && n_split > 1;
     const int group = (int)(n_head / n_head_kv);
+    /* a structured mask kind: row iq sees the cells [0, vis0 + vis_step * iq) (backend_attn_n_visible) */
+    const int32_t kind = op->i[0];
+    const int64_t vis0 = kind == BACKEND_ATTN_MASK ? n_kv : backend_attn_n_visible(kind, 0, n_q, n_kv);
+    const int vis_step = kind == BACKEND_ATTN_CAUSAL ? 1 : 0;
+    const tensor no_mask = tensor_1d(QUANT_TYPE_F32, NULL, 1);
     dim3 g1((unsigned)n_split, (unsigned)n_head, (unsigned)n_q);
     /* F16 V over several splits: the splits' (m, l) first, then each split's P V over the
      * normalized, f16-rounded probabilities */
     const int phases[2] = {two_pass ? ATT_STATS : ATT_FULL, ATT_PV};
     for (int ph = 0; ph < (two_pass ? 2 : 1); ph++) {
-        k_attn_partial<<<g1, ATT_THREADS, sm1, q->stream>>>(cuda_view(qt), cuda_view(kt), cuda_view(vt), cuda_view(mt),
-                                                           part, cuda_view(dt), scale, group, n_split, phases[ph]);
+        k_attn_partial<<<g1, ATT_THREADS, sm1, q->stream>>>(cuda_view(qt), cuda_view(kt), cuda_view(vt),
+                                                           cuda_view(kind == BACKEND_ATTN_MASK ? mt : &no_mask), vis0,
+                                                           vis_step, part, cuda_view(dt), scale, group, n_split,
+                                                           phases[ph]);
         CUDA_LAUNCH_CHECK("k_attn_partial");
     }
     if (n_split == 1) return;

@@ -521,12 +521,15 @@ typedef struct dfl_engine_stats {
     double t_prefill_ms, t_step_ms;         /* wall time in prefills and steps */
     double t_draft_ms, t_verify_ms, t_inject_ms, t_other_ms; /* the speculative steps' split */
     uint64_t feature_host_bytes;            /* features copied through host memory */
+    int64_t n_draft_nonfinite;              /* draft slots not verified: the drafter's logits were NaN/Inf */
 } dfl_engine_stats;
 
 /* Starts seq (idle or finished) on a prompt: decodes only the part after the longest prefix it
- * shares with what the sequence's cache holds (at least the last prompt token), then samples
- * the first token (readable with dfl_engine_seq_read; the sequence may already be finished);
- * with params.prefill_chunk the prompt is prefilled over the next steps instead.
+ * shares with what the sequence's cache holds (at least the last prompt token). Without a
+ * drafter it then samples the first token (readable with dfl_engine_seq_read; the sequence may
+ * already be finished); with a drafter the last prompt token is left for the first step, which
+ * drafts from it and verifies (so the first tokens can be accepted drafts). With
+ * params.prefill_chunk the prompt is prefilled over the next steps instead.
  * Errors (nothing changes): seq outside 0..n_seq-1, an active sequence, an empty prompt or a
  * token outside the vocabulary, a prompt that leaves no room to generate, parameter values
  * out of range (the message names the value and the limit). */

@@ -16,7 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define TO "timeout 20 " /* every CLI run: a hang fails the test (exit 124) */
+#define TO "timeout 90 " /* every CLI run: a hang fails the test (exit 124); generous, since node-llama-cpp
+                           * loading on a loaded 2-core machine took over 20 s */
 
 /* ---- a GGUF copy with edits ----------------------------------------------------------------- */
 
@@ -393,9 +394,10 @@ TEST(hardening_nonfinite_logits_are_an_error) {
             const char *p = strstr(out, "non-finite logits at position ");
             CHECK_MSG(p != NULL, "'%s': %s", modes[m], out);
             if (p == NULL) continue;
-            /* the same error (position, sequence) on the plain and the speculative path */
+            /* the same error (position, sequence) on the plain and the speculative path (the
+             * batch entry differs: a verify batch is laid out otherwise than a prompt) */
             char line[128];
-            snprintf(line, sizeof(line), "%.*s", (int)strcspn(p, ":"), p);
+            snprintf(line, sizeof(line), "%.*s", (int)strcspn(p, "("), p);
             if (m == 0) snprintf(first, sizeof(first), "%s", line);
             else CHECK_MSG(strcmp(line, first) == 0, "'%s': '%s' vs --no-spec '%s'", modes[m], line, first);
         }
@@ -456,17 +458,21 @@ TEST(hardening_nonfinite_argmax_only) {
     CHECK_EQ_INT(dfl_seq_len(ctx, 0), 2);
     dfl_context_free(ctx);
     dfl_model_free(m);
-    /* a broken drafter: every speculative mode stops with the drafter named; --no-spec runs */
+    /* a broken drafter: its drafts are not verified (the output stays the target's own) and the
+     * run says so; the count of such slots is in the stats */
     e.fill = NAN;
     REQUIRE(gguf_copy_edit(dft, bad, &e));
-    const char *modes[] = {"", "--temp 0.8 --seed 3"};
-    for (int k = 0; k < 2; k++) {
-        snprintf(args, sizeof(args), "generate -m %s -md %s -p 'hello world' -n 8 %s", tgt, bad, modes[k]);
-        CHECK_EQ_INT(run_cli(NULL, args, out, sizeof(out)), 1);
-        CHECK_STR_CONTAINS(out, "non-finite drafter logits at draft slot 1 of sequence 0");
-    }
-    snprintf(args, sizeof(args), "generate -m %s -md %s -p 'hello world' -n 8 --no-spec", tgt, bad);
+    char ref[8192];
+    snprintf(args, sizeof(args), "generate -m %s -p 'hello world' -n 8 --no-spec --json", tgt);
+    REQUIRE(run_cli(NULL, args, ref, sizeof(ref)) == 0);
+    const char *rt = strstr(ref, "\"tokens\":");
+    REQUIRE(rt != NULL);
+    snprintf(args, sizeof(args), "generate -m %s -md %s -p 'hello world' -n 8 --json", tgt, bad);
     CHECK_EQ_INT(run_cli(NULL, args, out, sizeof(out)), 0);
+    CHECK_STR_CONTAINS(out, "warning: the drafter's logits were not finite at ");
+    CHECK_STR_CONTAINS(out, "\"n_accepted\":0");
+    const char *ot = strstr(out, "\"tokens\":");
+    CHECK(ot != NULL && strncmp(ot, rt, strcspn(rt, "]")) == 0);
 }
 
 /* ---- row 14: the context reserve -------------------------------------------------------------- */

@@ -58,6 +58,8 @@ int cmd_generate(int argc, char **argv) {
     o.n_seq = 1;
     cli_session s;
     int32_t *prompt = NULL, *tokens = NULL;
+    int32_t *steps = NULL; /* [n_steps][2]: drafts verified, drafts accepted (--json) */
+    int64_t n_step_log = 0;
     char *text = NULL;
     int64_t n_tok = 0;
     size_t n_text = 0;
@@ -84,6 +86,14 @@ int cmd_generate(int argc, char **argv) {
             rc = 1;
             goto done;
         }
+        steps = malloc((size_t)(o.n_predict + 1) * 2 * sizeof(int32_t)); /* a step yields >= 1 token */
+        if (steps == NULL) {
+            fprintf(stderr, "dflash generate: out of memory\n");
+            rc = 1;
+            goto done;
+        }
+        dfl_seq_stats prev;
+        dfl_engine_seq_stats(e, 0, &prev, &err);
         const double t1 = cli_now_ms();
         for (;;) {
             dfl_seq_output so;
@@ -100,6 +110,14 @@ int cmd_generate(int argc, char **argv) {
                 rc = 1;
                 break;
             }
+            dfl_seq_stats now;
+            dfl_engine_seq_stats(e, 0, &now, &err);
+            if (now.n_steps > prev.n_steps && n_step_log <= o.n_predict) {
+                steps[2 * n_step_log] = (int32_t)(now.n_draft_tokens - prev.n_draft_tokens);
+                steps[2 * n_step_log + 1] = (int32_t)(now.n_accepted - prev.n_accepted);
+                n_step_log++;
+            }
+            prev = now;
         }
         t_gen = cli_now_ms() - t1;
     }
@@ -134,6 +152,16 @@ int cmd_generate(int argc, char **argv) {
             jsonw_key(&w, "n_drafted"); jsonw_int(&w, st.n_draft_tokens);
             jsonw_key(&w, "n_accepted"); jsonw_int(&w, st.n_accepted);
             jsonw_key(&w, "tau"); jsonw_double(&w, tau);
+            jsonw_key(&w, "steps"); /* per step: [drafts verified, drafts accepted] */
+            jsonw_arr_begin(&w);
+            for (int64_t i = 0; i < n_step_log; i++) {
+                jsonw_arr_begin(&w);
+                jsonw_int(&w, steps[2 * i]);
+                jsonw_int(&w, steps[2 * i + 1]);
+                jsonw_arr_end(&w);
+            }
+            jsonw_arr_end(&w);
+            jsonw_key(&w, "n_draft_nonfinite"); jsonw_int(&w, es.n_draft_nonfinite);
             jsonw_key(&w, "accept_hist");
             jsonw_arr_begin(&w);
             for (int32_t k = 0; k <= dfl_engine_n_draft(e); k++) jsonw_int(&w, es.accept_hist[k]);
@@ -156,7 +184,13 @@ int cmd_generate(int argc, char **argv) {
                     dfl_engine_feature_path(e));
         }
     }
+    if (es.n_draft_nonfinite > 0) {
+        fprintf(stderr, "dflash generate: warning: the drafter's logits were not finite at %lld draft slots (those "
+                "drafts were not verified: the output is the target's own, but the drafter file looks broken)\n",
+                (long long)es.n_draft_nonfinite);
+    }
 done:
+    free(steps);
     free(tokens);
     free(text);
     free(prompt);

@@ -546,7 +546,9 @@ static dfl_status plain_prefill(dfl_engine *e, int32_t seq, const int32_t *promp
 static void seq_trim(dfl_engine *e, int32_t seq, int64_t p0);
 
 /* Prefills the next chunk of a prefilling sequence (all of the rest without a chunk size); the
- * last chunk samples the first token and makes the sequence active. */
+ * last chunk makes the sequence active. Plain: it samples the first token. Speculative: the last
+ * prompt token is left undecoded as the anchor of the first step, which drafts from it, so the
+ * first tokens can already be accepted drafts (llama.cpp's order; docs/engine.md). */
 static dfl_status prefill_next(dfl_engine *e, int32_t seq, dfl_error *err) {
     eng_seq *q = &e->seqs[seq];
     const int64_t from = q->n_hist;
@@ -554,7 +556,7 @@ static dfl_status prefill_next(dfl_engine *e, int32_t seq, dfl_error *err) {
     const double t0 = now_ms();
     int32_t first = -1;
     dfl_status st;
-    if (e->spec != NULL) st = spec_prefill_range(e->spec, seq, q->hist, q->n_prompt, from, to, &first, err);
+    if (e->spec != NULL) st = spec_prefill_anchor(e->spec, seq, q->hist, q->n_prompt, from, to, err);
     else st = plain_prefill(e, seq, q->hist, q->n_prompt, from, to, q->smp, &first, err);
     if (st != DFL_OK) {
         seq_trim(e, seq, 0);
@@ -568,8 +570,13 @@ static dfl_status prefill_next(dfl_engine *e, int32_t seq, dfl_error *err) {
     e->stats.t_prefill_ms += dt;
     e->stats.n_prompt_tokens += to - from;
     if (to < q->n_prompt) return DFL_OK;
-    q->pending = first;
     q->state = DFL_SEQ_ACTIVE;
+    if (e->spec != NULL) {
+        q->n_hist = q->n_prompt - 1; /* the anchor is pending, not cached */
+        q->pending = q->hist[q->n_prompt - 1];
+        return DFL_OK;
+    }
+    q->pending = first;
     const float *row = context_last_logits(e->tctx);
     return commit_tokens(e, q, &first, 1, &row, err);
 }
@@ -878,6 +885,7 @@ dfl_engine_stats dfl_engine_get_stats(const dfl_engine *e) {
         s.t_inject_ms = ss.t_inject_ms;
         s.t_other_ms = ss.t_other_ms;
         s.feature_host_bytes = ss.feature_host_bytes;
+        s.n_draft_nonfinite = ss.n_draft_nonfinite;
     }
     return s;
 }

@@ -281,8 +281,25 @@ dfl_status spec_prefill_from(spec_session *s, int32_t seq, const int32_t *prompt
     return spec_prefill_range(s, seq, prompt, n_prompt, n_cached, n_prompt, first, err);
 }
 
+static dfl_status prefill_impl(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t from,
+                               int64_t to, bool anchor, int32_t *first, dfl_error *err);
+
 dfl_status spec_prefill_range(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t from,
                               int64_t to, int32_t *first, dfl_error *err) {
+    return prefill_impl(s, seq, prompt, n_prompt, from, to, false, first, err);
+}
+
+dfl_status spec_prefill_anchor(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t from,
+                               int64_t to, dfl_error *err) {
+    return prefill_impl(s, seq, prompt, n_prompt, from, to, true, NULL, err);
+}
+
+/* Decodes prompt[from, end) in the target and feeds its features to the drafter; end = to, or
+ * n_prompt - 1 for the last range in anchor mode. The last range (to == n_prompt) accepts the
+ * prompt into the sampler and either samples the first token from the last prompt logits or, in
+ * anchor mode, makes the last prompt token the sequence's anchor (undecoded, like a bonus token). */
+static dfl_status prefill_impl(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t from,
+                               int64_t to, bool anchor, int32_t *first, dfl_error *err) {
     if (seq < 0 || seq >= s->n_seq) return error_set(err, DFL_ERR_INVALID, "prefill: sequence %d is out of range", seq);
     if (n_prompt < 1 || prompt == NULL) return error_set(err, DFL_ERR_INVALID, "prefill: the prompt is empty");
     if (from < 0 || from >= to || to > n_prompt || dfl_seq_len(s->tgt, seq) != from || dfl_seq_len(s->dft, seq) != from) {
@@ -308,8 +325,9 @@ dfl_status spec_prefill_range(spec_session *s, int32_t seq, const int32_t *promp
     dfl_sampler *smp = s->smp[seq];
     dfl_status st = DFL_OK;
     int32_t tok = -1;
-    for (int64_t off = from; off < to && st == DFL_OK; off += chunk) {
-        const int64_t m = to - off < chunk ? to - off : chunk;
+    const int64_t end = anchor && to == n_prompt ? n_prompt - 1 : to;
+    for (int64_t off = from; off < end && st == DFL_OK; off += chunk) {
+        const int64_t m = end - off < chunk ? end - off : chunk;
         dfl_batch_clear(pb);
         for (int64_t k = 0; k < m; k++) {
             const int32_t pos = (int32_t)(off + k);
@@ -328,6 +346,10 @@ dfl_status spec_prefill_range(spec_session *s, int32_t seq, const int32_t *promp
     if (st != DFL_OK) {
         spec_seq_reset(s, seq);
         return st;
+    }
+    if (anchor && to == n_prompt) {
+        for (int64_t i = 0; i < n_prompt; i++) dfl_sampler_accept(smp, prompt[i]);
+        tok = prompt[n_prompt - 1];
     }
     if (to == n_prompt) s->last[seq] = tok;
     if (first != NULL) *first = tok;
@@ -407,14 +429,16 @@ dfl_status spec_step_ex(spec_session *s, int32_t n, const int32_t *seqs, int32_t
     double t0 = now_ms();
     dfl_status st = drafter_draft(s->dft, n, seqs, last_of, k, s->lens, s->draft, s->dlogits, err);
     if (st != DFL_OK) return st;
-    /* the drafter's ARGMAX flags a slot whose logits hold a NaN/Inf as -1 - (first such token) */
+    /* the drafter's ARGMAX flags a slot whose logits hold a NaN/Inf as -1 - (first such token):
+     * a sequence's draft ends before its first such slot (a broken drafter, or features from a
+     * broken target, whose own verify then fails with the target's error); counted in the stats */
     for (int32_t i = 0; i < n; i++) {
         const int32_t *d = s->draft + (size_t)i * (size_t)k;
         for (int32_t j = 0; j < s->lens[i]; j++) {
             if (d[j] < 0) {
-                return error_set(err, DFL_ERR_FORMAT, "non-finite drafter logits at draft slot %d of sequence %d: the "
-                                 "logit of token %d is not finite (NaN or Inf in the drafter's weights, or activations "
-                                 "that overflow)", j + 1, seqs[i], -1 - d[j]);
+                s->stats.n_draft_nonfinite += s->lens[i] - j;
+                s->lens[i] = j;
+                break;
             }
         }
     }

@@ -54,6 +54,7 @@ typedef struct spec_stats {
     double t_other_ms;           /* acceptance and bookkeeping */
     uint64_t feature_host_bytes; /* bytes of features copied through host memory */
     int64_t n_prefill_tokens;
+    int64_t n_draft_nonfinite; /* draft slots dropped because the drafter's logits were not finite */
 } spec_stats;
 
 spec_params spec_default_params(void);
@@ -93,6 +94,11 @@ dfl_status spec_prefill_from(spec_session *s, int32_t seq, const int32_t *prompt
  * chunks between steps of other sequences. */
 dfl_status spec_prefill_range(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t from,
                               int64_t to, int32_t *first, dfl_error *err);
+/* As spec_prefill_range, but the last prompt token is not decoded and nothing is sampled: when to
+ * == n_prompt it becomes the sequence's anchor, so the first step drafts from it and its verify
+ * batch decodes it (llama.cpp's order: the first generated tokens can already be drafts). */
+dfl_status spec_prefill_anchor(spec_session *s, int32_t seq, const int32_t *prompt, int64_t n_prompt, int64_t from,
+                               int64_t to, dfl_error *err);
 /* spec_step, plus n_drafted [n]: the drafts each sequence verified this step (NULL: not
  * wanted). */
 dfl_status spec_step_ex(spec_session *s, int32_t n, const int32_t *seqs, int32_t *tokens, int32_t *n_tokens,

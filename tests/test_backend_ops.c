@@ -1245,6 +1245,105 @@ TEST(backend_op_validation_messages) {
     backend_free(be);
 }
 
+/* ---- matmul + argmax (the drafter's greedy head) --------------------------------------------- */
+
+/* op_matmul_argmax gives the ids of op_matmul + op_scale + op_argmax on the same backend, for
+ * every weight type and level, 1-3 threads, one chunk or dozens: a max tied across chunks (a
+ * weight row copied into the first and the last chunk: the first index wins), a negative scale,
+ * a NaN weight row in a late chunk and a NaN activation row (flagged -1 - first index). */
+static void mmax_case(test_ctx *t, rng *r, backend *be, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_rows,
+                      float scale, const char *lv) {
+    void *w = make_weight(r, type, n_in, n_out);
+    float *x = malloc((size_t)(n_in * n_rows) * sizeof(float)), *lg = malloc((size_t)(n_out * n_rows) * 4);
+    int32_t ids[2][64];
+    REQUIRE(w && x && lg && n_rows <= 64);
+    fill_f32(r, x, n_in * n_rows, 1.0f);
+    const size_t row = quant_row_size(type, n_in);
+    backend_op mm, sc, am, fu;
+    memset(&mm, 0, sizeof(mm));
+    mm.kind = BACKEND_OP_MATMUL;
+    mm.dst = tensor_2d(QUANT_TYPE_F32, lg, n_out, n_rows);
+    mm.src[0] = tensor_2d(type, w, n_in, n_out);
+    mm.src[1] = tensor_2d(QUANT_TYPE_F32, x, n_in, n_rows);
+    sc = mm;
+    sc.kind = BACKEND_OP_SCALE;
+    sc.src[0] = mm.dst;
+    sc.f[0] = scale;
+    memset(&am, 0, sizeof(am));
+    am.kind = BACKEND_OP_ARGMAX;
+    am.src[0] = mm.dst;
+    am.dst = tensor_1d(QUANT_TYPE_I32, ids[0], n_rows);
+    fu = mm;
+    fu.kind = BACKEND_OP_MATMUL_ARGMAX;
+    fu.dst = tensor_1d(QUANT_TYPE_I32, ids[1], n_rows);
+    fu.f[0] = scale;
+    for (int step = 0; step < 4; step++) {
+        if (step == 1 && n_out > 40) { /* row 0's max copied into rows 3 and n_out - 1: a three-way tie */
+            const int64_t a = ids[0][0] >= 0 ? ids[0][0] : 0;
+            memcpy((char *)w + 3 * row, (char *)w + (size_t)a * row, row);
+            memcpy((char *)w + (size_t)(n_out - 1) * row, (char *)w + (size_t)a * row, row);
+        }
+        if (step == 2 && type == QUANT_TYPE_F32) { /* a NaN weight in a late row: every row flags it */
+            const float nan = NAN;
+            memcpy((char *)w + (size_t)(n_out - n_out / 3) * row + 4, &nan, 4);
+        }
+        /* activation row 1: all its logits NaN (f32/f16/bf16: an int8 quantizer has no NaN) */
+        if (step == 3 && n_rows > 1 && quant_type_get(type)->blck_size == 1) x[n_in + 2] = NAN;
+        dfl_error err = {0};
+        REQUIRE(backend_op_validate(be, &fu, &err) == DFL_OK);
+        run_op(be, &mm);
+        run_op(be, &sc);
+        run_op(be, &am);
+        memset(ids[1], 0x55, sizeof(ids[1]));
+        run_op(be, &fu);
+        for (int64_t i = 0; i < n_rows; i++) {
+            CHECK_MSG(ids[1][i] == ids[0][i], "matmul_argmax %s %s [%lld -> %lld] x %lld scale %g step %d row %lld: %d vs %d",
+                      quant_type_get(type)->name, lv, (long long)n_in, (long long)n_out, (long long)n_rows,
+                      (double)scale, step, (long long)i, ids[1][i], ids[0][i]);
+        }
+        if (step == 1 && n_out > 40) CHECK(ids[1][0] == 3 || ids[1][0] < 3);
+        if (step == 2 && type == QUANT_TYPE_F32) CHECK_EQ_INT(ids[1][0], (int)(-1 - (n_out - n_out / 3)));
+        if (step == 3 && n_rows > 1 && quant_type_get(type)->blck_size == 1) CHECK_EQ_INT(ids[1][1], -1);
+    }
+    free(w); free(x); free(lg);
+}
+
+TEST(backend_matmul_argmax_fused) {
+    rng r = {4242};
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        for (int nt = 1; nt <= 3; nt += 2) {
+            backend *be = make_backend(nt, level, false);
+            REQUIRE(be);
+            CHECK(backend_get_caps(be).matmul_argmax);
+            for (size_t ti = 0; ti < sizeof(k_mm_types) / sizeof(k_mm_types[0]); ti++) {
+                const uint32_t type = k_mm_types[ti];
+                mmax_case(t, &r, be, type, 256, 1000, 15, 1.0f, k_level_names[level]);
+                mmax_case(t, &r, be, type, 512, 6007, 2, -0.75f, k_level_names[level]);
+                mmax_case(t, &r, be, type, 256, 37, 1, 0.5f, k_level_names[level]);
+                if (ti < 3) mmax_case(t, &r, be, type, 47, 1031, 40, 1.0f, k_level_names[level]);
+            }
+            backend_free(be);
+        }
+    }
+    /* the reference: flags and the tie rule on a hand-made case (f32 weights, exact sums) */
+    float w[4 * 3] = {1, 0, 0, 0, 2, 0, 0, 2, 0, 0, 0, 1}, x[3 * 2] = {1, 1, 0, 0, 0, NAN};
+    int32_t ids[2];
+    backend_op op;
+    memset(&op, 0, sizeof(op));
+    op.kind = BACKEND_OP_MATMUL_ARGMAX;
+    op.src[0] = tensor_2d(QUANT_TYPE_F32, w, 3, 4); /* logits of row 0: 1, 2, 2, 0 */
+    op.src[1] = tensor_2d(QUANT_TYPE_F32, x, 3, 2);
+    op.dst = tensor_1d(QUANT_TYPE_I32, ids, 2);
+    op.f[0] = 1.0f;
+    cpu_op_matmul_argmax_ref(&op);
+    CHECK_EQ_INT(ids[0], 1);
+    CHECK_EQ_INT(ids[1], -1);
+    op.f[0] = -1.0f; /* -1, -2, -2, 0 */
+    cpu_op_matmul_argmax_ref(&op);
+    CHECK_EQ_INT(ids[0], 3);
+}
+
 /* ---- batch invariance and the activation quantizers ---------------------------------------- */
 
 /* A row's result does not depend on the other rows of the batch nor on its position in it (the

@@ -234,6 +234,10 @@ TEST(spec_drafter_vs_numpy) {
         /* 3-5x the error measured (1.3e-7, AVX-512 build) */
         CHECK_MSG(e < 5e-7, "drafter logits relative error %.3g", e);
         for (int j = 0; j < 7; j++) CHECK_EQ_INT(draft[j], tu_argmax(ref + j * NV, NV));
+        /* without logits the CPU head is the fused matmul + argmax: the same drafts */
+        int32_t draft2[7];
+        CHECK(drafter_draft(p.dctx, 1, (int32_t[]){0}, &first, 7, NULL, draft2, NULL, &err) == DFL_OK);
+        for (int j = 0; j < 7; j++) CHECK_EQ_INT(draft2[j], draft[j]);
         free(logits);
     }
     pair_close(&p);

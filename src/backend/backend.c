@@ -3,6 +3,7 @@
 #include "backend/backend_impl.h"
 #include "base/error.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -133,7 +134,7 @@ static const char *const k_op_names[BACKEND_OP_COUNT] = {
     [BACKEND_OP_GET_ROWS] = "get_rows", [BACKEND_OP_ADD] = "add",
     [BACKEND_OP_MUL] = "mul",           [BACKEND_OP_SWIGLU] = "swiglu",
     [BACKEND_OP_SCALE] = "scale",       [BACKEND_OP_COPY] = "copy",
-    [BACKEND_OP_SOFTMAX] = "softmax",   [BACKEND_OP_ARGMAX] = "argmax",
+    [BACKEND_OP_SOFTMAX] = "softmax",   [BACKEND_OP_ARGMAX] = "argmax", [BACKEND_OP_MATMUL_ARGMAX] = "matmul_argmax",
     [BACKEND_OP_WRITE] = "write",       [BACKEND_OP_READ] = "read",
 };
 
@@ -384,6 +385,21 @@ static dfl_status validate_generic(const backend_op *op, dfl_error *err) {
         TRY(check_type(err, op, "src", s0, F32, F16, BF16));
         TRY(check_same(err, op, "dst", d, "src", s0));
         return DFL_OK;
+    case BACKEND_OP_MATMUL_ARGMAX:
+        TRY(check_tensor(err, op, "dst", d));
+        TRY(check_tensor(err, op, "w", s0));
+        TRY(check_tensor(err, op, "x", s1));
+        if (!backend_matmul_type_supported(s0->type)) {
+            return error_set(err, DFL_ERR_INVALID, "op matmul_argmax: weight type %s is not supported",
+                             type_name(s0->type));
+        }
+        TRY(check_type(err, op, "x", s1, F32, F32, F32));
+        TRY(check_type(err, op, "dst", d, I32, I32, I32));
+        TRY(check_shape(err, op, "w", s0, s0->ne[0], s0->ne[1], 1, 1));
+        TRY(check_shape(err, op, "x", s1, s0->ne[0], s1->ne[1], 1, 1));
+        TRY(check_shape(err, op, "dst", d, s1->ne[1], 1, 1, 1));
+        if (!isfinite(op->f[0])) return bad(err, op, "scale must be finite");
+        return DFL_OK;
     case BACKEND_OP_ARGMAX:
         TRY(check_tensor(err, op, "dst", d));
         TRY(check_tensor(err, op, "a", s0));
@@ -603,6 +619,14 @@ void op_softmax(backend_queue *q, tensor dst, tensor a) {
 void op_argmax(backend_queue *q, tensor dst, tensor a) {
     backend_op op = op_init(BACKEND_OP_ARGMAX, &dst);
     op.src[0] = a;
+    backend_queue_submit(q, &op);
+}
+
+void op_matmul_argmax(backend_queue *q, tensor dst, tensor w, tensor x, float scale) {
+    backend_op op = op_init(BACKEND_OP_MATMUL_ARGMAX, &dst);
+    op.src[0] = w;
+    op.src[1] = x;
+    op.f[0] = scale;
     backend_queue_submit(q, &op);
 }
 

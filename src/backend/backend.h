@@ -105,6 +105,7 @@ typedef struct backend_caps {
     uint32_t cpu_features; /* CPU backend: backend_cpu_feature bits in use */
     int n_threads;         /* CPU backend: decode / batch thread counts */
     int n_threads_batch;
+    bool matmul_argmax;    /* op_matmul_argmax is implemented (else: op_matmul, op_scale, op_argmax) */
 } backend_caps;
 
 backend_caps backend_get_caps(const backend *be);
@@ -156,6 +157,7 @@ typedef enum backend_op_kind {
     BACKEND_OP_SOFTMAX,    /* dst = softmax(a) per row */
     BACKEND_OP_ARGMAX,     /* dst[r] = first index of max(a[r]) as int32; a row holding a NaN or
                             * an Inf gives -1 - (index of its first such value) instead */
+    BACKEND_OP_MATMUL_ARGMAX, /* dst[r] = argmax(scale * (x W^T)[r]): matmul, scale, argmax fused */
     BACKEND_OP_WRITE,      /* dst = host bytes (host -> backend memory, ordered on the queue) */
     BACKEND_OP_READ,       /* host bytes = src (backend memory -> host, ordered on the queue) */
     BACKEND_OP_COUNT,
@@ -253,6 +255,13 @@ void op_copy(backend_queue *q, tensor dst, tensor src);
 void op_softmax(backend_queue *q, tensor dst, tensor a);
 /* dst [n_rows] I32 = index of the max of each row of a [n, n_rows] f32 (first max on ties). */
 void op_argmax(backend_queue *q, tensor dst, tensor a);
+
+/* matmul_argmax: dst [n_rows] i32 = argmax over o of scale * (sum_i w[o][i] x[r][i]), the same
+ * value as op_matmul into [n_out, n_rows] f32, op_scale by scale (1: none) and op_argmax (first
+ * index of the max; -1 - index of the first NaN/Inf), without writing the logits: a greedy head
+ * over a large vocabulary (the drafter's) keeps each chunk of logits in cache. w and x as in
+ * op_matmul. Only where backend_get_caps says matmul_argmax (the CPU backend). */
+void op_matmul_argmax(backend_queue *q, tensor dst, tensor w, tensor x, float scale);
 
 /* Ordered host transfers: copy `size` bytes host -> dst.data (op_write) or src.data -> host
  * (op_read) when the queue reaches the op. dst/src: a contiguous tensor in backend memory. */

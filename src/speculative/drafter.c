@@ -332,8 +332,21 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     op_get_rows(q, x_out, x, rows);
     op_rmsnorm(q, x_out, x_out, &d->w.output_norm, hp->norm_eps);
     tensor logits = tensor_rows(&s->logits, 0, n_out);                /* [n_vocab, n_out] */
-    op_matmul(q, logits, d->w.output, x_out);
     bool flagged = false;
+    if (ds->d2 == NULL && ds->dspark == NULL) {
+        tensor amax = fwd_vec_head(&s->ids, n_out);                       /* [n_out] i32 */
+        if (logits_out == NULL && backend_get_caps(d->be).matmul_argmax) {
+            /* greedy drafts only: the head's argmax without writing the logits (same ids) */
+            op_matmul_argmax(q, amax, d->w.output, x_out, ds->logit_scale);
+        } else {
+            op_matmul(q, logits, d->w.output, x_out);
+            if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
+            op_argmax(q, amax, logits);
+        }
+        op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
+    } else {
+        op_matmul(q, logits, d->w.output, x_out);
+    }
     if (ds->d2 != NULL) {
         /* DFlash2: the selector lattice and its walk give the drafts (drafter_dflash2.c) */
         if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
@@ -358,11 +371,6 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
          * then the logit scale on the biased rows */
         dspark_chain_enqueue(d, ds->dspark, logits, x_out, n_active, last, ds->lens_all);
         if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
-    } else if (ds->dspark == NULL) {
-        if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
-        tensor amax = fwd_vec_head(&s->ids, n_out);                       /* [n_out] i32 */
-        op_argmax(q, amax, logits);
-        op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
     }
     if (logits_out != NULL) {
         op_read(q, logits_out, logits, (size_t)n_out * (size_t)d->n_vocab * sizeof(float));

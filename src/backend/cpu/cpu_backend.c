@@ -311,12 +311,14 @@ static backend_caps cpu_caps(const backend *bbe) {
     c.cpu_features = be->features;
     c.n_threads = be->n_threads;
     c.n_threads_batch = be->n_threads_batch;
+    c.matmul_argmax = true;
     return c;
 }
 
 static dfl_status cpu_op_supported(const backend *bbe, const backend_op *op, dfl_error *err) {
     const cpu_backend *be = (const cpu_backend *)bbe;
-    if (op->kind == BACKEND_OP_MATMUL && be->kernels.matmul[op->src[0].type] == NULL) {
+    if ((op->kind == BACKEND_OP_MATMUL || op->kind == BACKEND_OP_MATMUL_ARGMAX) &&
+        be->kernels.matmul[op->src[0].type] == NULL) {
         return error_set(err, DFL_ERR_UNSUPPORTED, "op matmul: the cpu backend has no kernel for weight type %u",
                          op->src[0].type);
     }

@@ -151,5 +151,7 @@ void *cpu_scratch(cpu_backend *be, size_t size);
 
 /* matmul (cpu_matmul.c): exec_mu held. */
 void cpu_op_matmul(cpu_backend *be, const backend_op *op);
+/* matmul + scale + argmax without the logits (cpu_matmul.c): exec_mu held. */
+void cpu_op_matmul_argmax(cpu_backend *be, const backend_op *op);
 
 #endif

@@ -8,7 +8,9 @@
  *    a few dozen rows, e.g. decode and verify).
  * Every output element is computed by the same code whichever thread takes its tile, and the
  * kernels give the same bits for any row range (tested), so the result does not depend on the
- * thread count or the row blocking. */
+ * thread count or the row blocking.
+ * Below: matmul + scale + argmax fused (op_matmul_argmax, the drafter's greedy head): the same
+ * kernels on chunks of outputs whose logits stay in L2, reduced to each row's argmax. */
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
 
@@ -93,4 +95,120 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
     job.n_tiles = (n_rows + job.row_block - 1) / job.row_block * job.n_chunks;
     atomic_init(&job.next, 0);
     cpu_pool_run(be->pool, nth, matmul_compute_fn, &job);
+}
+
+/* ---- matmul + scale + argmax (a greedy head) ----------------------------------------------
+ * The activations are prepared as for a matmul; the outputs are cut into chunks (multiples of 16
+ * rows, ~8 per thread, a thread's [n_rows, chunk] logits at most 256 KiB so that they stay in
+ * L2); a thread computes a chunk's logits with the same kernel as op_matmul (the same bits: the
+ * chunks start at multiples of 4 like op_matmul's, and the kernels' results do not depend on the
+ * output range), scales them, and keeps each row's argmax over the chunk (the SIMD argmax row
+ * kernel: first index of the max, or the flagged first NaN/Inf). The caller combines the chunks
+ * in order (the first flagged chunk wins, else the largest value, the earlier chunk on ties), so
+ * dst equals op_matmul + op_scale + op_argmax and no [n_out, n_rows] logits are written. */
+#define MMAX_TILE_FLOATS (64 * 1024)
+
+typedef struct mmax_job {
+    const backend_op *op;
+    cpu_act act;
+    cpu_matmul_fn kernel;
+    cpu_act_row_fn prep;
+    cpu_argmax_row_fn argmax;
+    int64_t chunk, n_chunks;
+    float *logits;          /* per thread: [n_rows, chunk] */
+    float *best;            /* [n_chunks, n_rows] the max of a chunk's row (unflagged rows) */
+    int64_t *where;         /* [n_chunks, n_rows] its output index, or -1 - (index of the first NaN/Inf) */
+    atomic_llong next;      /* next chunk */
+} mmax_job;
+
+static void mmax_prep_fn(void *ctx, int ith, int nth) {
+    mmax_job *job = ctx;
+    const tensor *x = &job->op->src[1];
+    for (int64_t r = ith; r < x->ne[1]; r += nth) {
+        job->prep(&job->act, r, (const float *)((const char *)x->data + (size_t)r * x->nb[1]));
+    }
+}
+
+static void mmax_compute_fn(void *ctx, int ith, int nth) {
+    (void)nth;
+    mmax_job *job = ctx;
+    const tensor *w = &job->op->src[0];
+    const int64_t n_out = w->ne[1], n_rows = job->act.n_rows;
+    const float scale = job->op->f[0];
+    float *lg = job->logits + (size_t)ith * (size_t)(job->chunk * n_rows);
+    for (;;) {
+        const int64_t c = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
+        if (c >= job->n_chunks) break;
+        const int64_t o0 = c * job->chunk;
+        const int64_t no = n_out - o0 < job->chunk ? n_out - o0 : job->chunk;
+        /* lg [no, n_rows]: outputs o0 .. o0 + no - 1 */
+        job->kernel((const char *)w->data + (size_t)o0 * w->nb[1], w->nb[1], &job->act, 0, n_rows, lg, no, 0, no);
+        for (int64_t r = 0; r < n_rows; r++) {
+            float *lr = lg + r * no;
+            for (int64_t o = 0; o < no; o++) lr[o] = lr[o] * scale; /* op_scale's product */
+            const int32_t i = job->argmax(lr, no);
+            job->where[c * n_rows + r] = i >= 0 ? o0 + i : -1 - (o0 + (-1 - (int64_t)i));
+            job->best[c * n_rows + r] = i >= 0 ? lr[i] : 0.0f;
+        }
+    }
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+void cpu_op_matmul_argmax(cpu_backend *be, const backend_op *op) {
+    const tensor *w = &op->src[0], *x = &op->src[1], *d = &op->dst;
+    const int64_t n_in = w->ne[0], n_out = w->ne[1], n_rows = x->ne[1];
+    const cpu_dot_type dot = cpu_dot_type_of(w->type);
+
+    mmax_job job;
+    job.op = op;
+    job.kernel = be->kernels.matmul[w->type];
+    job.prep = be->kernels.act_row[w->type];
+    job.argmax = be->kernels.argmax_row;
+    DFL_ASSERT(job.kernel != NULL && job.prep != NULL && job.argmax != NULL);
+
+    int nth = n_rows == 1 ? be->n_threads : be->n_threads_batch;
+    if (nth > cpu_pool_size(be->pool)) nth = cpu_pool_size(be->pool);
+    if ((double)n_in * (double)n_out * (double)n_rows < 65536.0) nth = 1;
+
+    int64_t chunk = (n_out + 8 * nth - 1) / (8 * nth);
+    const int64_t cap = MMAX_TILE_FLOATS / n_rows;
+    if (chunk > cap) chunk = cap;
+    chunk = chunk / 16 * 16;
+    if (chunk < 16) chunk = 16;
+    job.chunk = chunk;
+    job.n_chunks = (n_out + chunk - 1) / chunk;
+
+    /* scratch: activations | per-thread logits | chunk maxima | their indices */
+    const size_t act_b = align64(cpu_act_bytes(dot, n_in, n_rows));
+    const size_t lg_b = align64((size_t)nth * (size_t)(chunk * n_rows) * sizeof(float));
+    const size_t best_b = align64((size_t)(job.n_chunks * n_rows) * sizeof(float));
+    const size_t where_b = (size_t)(job.n_chunks * n_rows) * sizeof(int64_t);
+    char *mem = cpu_scratch(be, act_b + lg_b + best_b + where_b);
+    cpu_act_layout(&job.act, dot, n_in, n_rows, mem);
+    job.logits = (float *)(mem + act_b);
+    job.best = (float *)(mem + act_b + lg_b);
+    job.where = (int64_t *)(mem + act_b + lg_b + best_b);
+
+    const int nth_prep = (double)n_in * (double)n_rows >= 32768.0 ? (nth < n_rows ? nth : (int)n_rows) : 1;
+    cpu_pool_run(be->pool, nth_prep, mmax_prep_fn, &job);
+    atomic_init(&job.next, 0);
+    cpu_pool_run(be->pool, nth, mmax_compute_fn, &job);
+
+    for (int64_t r = 0; r < n_rows; r++) {
+        int64_t idx = -1;
+        float best = 0.0f;
+        for (int64_t c = 0; c < job.n_chunks; c++) {
+            const int64_t wh = job.where[c * n_rows + r];
+            if (wh < 0) { /* the row's first NaN/Inf lies in the first flagged chunk */
+                idx = wh;
+                break;
+            }
+            if (idx < 0 || job.best[c * n_rows + r] > best) {
+                idx = wh;
+                best = job.best[c * n_rows + r];
+            }
+        }
+        *(int32_t *)((char *)d->data + (size_t)r * d->nb[0]) = (int32_t)idx;
+    }
 }

@@ -424,6 +424,7 @@ void cpu_exec_op(cpu_backend *be, const backend_op *op) {
     pthread_mutex_lock(&be->exec_mu);
     switch (op->kind) {
     case BACKEND_OP_MATMUL: cpu_op_matmul(be, op); break;
+    case BACKEND_OP_MATMUL_ARGMAX: cpu_op_matmul_argmax(be, op); break;
     case BACKEND_OP_ATTENTION: exec_attention(be, op); break;
     case BACKEND_OP_WRITE: memcpy(op->dst.data, op->host, op->size); break;
     case BACKEND_OP_READ: memcpy(op->host, op->src[0].data, op->size); break;

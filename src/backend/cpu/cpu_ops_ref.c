@@ -306,6 +306,26 @@ void cpu_op_argmax_ref(const backend_op *op) {
     }
 }
 
+/* matmul into a temporary [n_out, n_rows], times the scale, argmax per row: the three ops' references */
+void cpu_op_matmul_argmax_ref(const backend_op *op) {
+    const tensor *w = &op->src[0], *x = &op->src[1], *d = &op->dst;
+    const int64_t n_out = w->ne[1], n_rows = x->ne[1];
+    float *logits = ref_alloc((size_t)n_out * (size_t)n_rows * sizeof(float));
+    backend_op mm;
+    memset(&mm, 0, sizeof(mm));
+    mm.kind = BACKEND_OP_MATMUL;
+    mm.src[0] = *w;
+    mm.src[1] = *x;
+    mm.dst = tensor_2d(QUANT_TYPE_F32, logits, n_out, n_rows);
+    cpu_op_matmul_ref(&mm);
+    for (int64_t r = 0; r < n_rows; r++) {
+        float *lr = logits + r * n_out;
+        for (int64_t o = 0; o < n_out; o++) lr[o] = lr[o] * op->f[0];
+        *(int32_t *)elem_ptr(d, r, 0, 0, 0) = cpu_argmax_row_ref(lr, n_out);
+    }
+    free(logits);
+}
+
 void cpu_op_ref(const backend_op *op) {
     switch (op->kind) {
     case BACKEND_OP_MATMUL: cpu_op_matmul_ref(op); break;
@@ -321,6 +341,7 @@ void cpu_op_ref(const backend_op *op) {
     case BACKEND_OP_COPY: cpu_op_copy_ref(op); break;
     case BACKEND_OP_SOFTMAX: cpu_op_softmax_ref(op); break;
     case BACKEND_OP_ARGMAX: cpu_op_argmax_ref(op); break;
+    case BACKEND_OP_MATMUL_ARGMAX: cpu_op_matmul_argmax_ref(op); break;
     case BACKEND_OP_WRITE: memcpy(op->dst.data, op->host, op->size); break;
     case BACKEND_OP_READ: memcpy(op->host, op->src[0].data, op->size); break;
     case BACKEND_OP_NONE:

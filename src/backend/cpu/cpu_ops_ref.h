@@ -13,6 +13,7 @@ void cpu_op_ref(const backend_op *op);
 
 /* matmul with f32 activations and weights dequantized by quant_dequantize_row (f64 sums). */
 void cpu_op_matmul_ref(const backend_op *op);
+void cpu_op_matmul_argmax_ref(const backend_op *op);
 void cpu_op_rmsnorm_ref(const backend_op *op);
 void cpu_op_rope_neox_ref(const backend_op *op);
 void cpu_op_attention_ref(const backend_op *op);

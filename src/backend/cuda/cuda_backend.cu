@@ -292,6 +292,10 @@ static dfl_status cuda_op_supported(const backend *be, const backend_op *op, dfl
     if (op->kind != BACKEND_OP_READ) st = check_in_buffer(be, op, "dst", &op->dst, err);
     for (int i = 0; i < 4 && st == DFL_OK; i++) st = check_in_buffer(be, op, names[i], &op->src[i], err);
     if (st != DFL_OK) return st;
+    if (op->kind == BACKEND_OP_MATMUL_ARGMAX) {
+        return error_set(err, DFL_ERR_UNSUPPORTED, "op matmul_argmax: not implemented by the cuda backend "
+                         "(backend_get_caps: matmul_argmax is false; use op_matmul, op_scale, op_argmax)");
+    }
     if (op->kind == BACKEND_OP_ATTENTION && (op->src[0].ne[1] > 65535 || op->src[0].ne[2] > 65535 ||
                                              op->src[0].ne[0] > 8192)) {
         return error_set(err, DFL_ERR_UNSUPPORTED, "op attention: the cuda kernel takes <= 65535 heads and query rows "

@@ -7,8 +7,9 @@
 // them in one batch and keeps the longest agreeing prefix plus its own next token. So with the
 // same files the generated text and every step's accepted count must match. llama.cpp's example
 // shortens its drafts to the remaining -n budget near the end (and drafts a full block again once
-// the budget is spent), so steps are compared while llama.cpp drafted the full k; dflash runs
-// with a larger -n so its steps there are full.
+// the budget is spent), so steps are compared while llama.cpp drafted the full k (dflash never
+// shortens a draft for the budget). Speed: a second llama.cpp run without -v (its per-step log)
+// gives its "decoded N tokens in T seconds"; dflash's is its --json t_gen_ms.
 //
 // usage: node tools/parity-llama-spec.mjs --llama PATH/llama-speculative-simple
 //          [-m models/target.gguf] [-md models/drafter.gguf] [--spec-type draft-dflash]
@@ -48,10 +49,10 @@ for (const [dom, d] of Object.entries(evalData.domains)) {
     for (const s of d.samples.slice(0, opt.count)) prompts.push({ dom, text: s.prompt });
 }
 
-function runLlama(prompt) {
+function runLlama(prompt, verbose) {
     const args = ["-m", opt.m, "-md", opt.md, "--spec-type", opt.type, "--spec-draft-n-max", String(opt.draft),
         "--spec-draft-n-min", "0", "-p", prompt, "-n", String(opt.n), "--temp", "0", "-t", String(opt.t),
-        "-c", "4096", "-v"];
+        "-c", "4096", ...(verbose ? ["-v"] : [])];
     const r = spawnSync(opt.llama, args, { encoding: "utf8", maxBuffer: 1 << 28 });
     if (r.status !== 0) throw new Error(`llama-speculative-simple exited ${r.status}: ${(r.stderr || "").slice(-2000)}`);
     // stdout: "\n\n" + prompt + generated text + "\n\n"
@@ -60,24 +61,29 @@ function runLlama(prompt) {
     out = out.slice(prompt.length).replace(/\n\n\n\n$/, ""); // two "\n\n" follow the text
     const steps = [];
     for (const m of r.stderr.matchAll(/accepted (\d+)\/(\d+) draft tokens/g)) steps.push([+m[2], +m[1]]);
-    return { text: out, steps, cmd: [opt.llama, ...args] };
+    const sp = /decoded\s+(\d+) tokens in\s+([0-9.]+) seconds/.exec(r.stderr);
+    return { text: out, steps, n_gen: sp ? +sp[1] : 0, ms: sp ? 1000 * +sp[2] : 0, cmd: [opt.llama, ...args] };
 }
 
 function runDflash(prompt) {
-    const args = ["generate", "-m", opt.m, "-md", opt.md, "-p", prompt, "-n", String(opt.n + 2 * opt.draft + 2),
+    const args = ["generate", "-m", opt.m, "-md", opt.md, "-p", prompt, "-n", String(opt.n + 1),
         "--draft-max", String(opt.draft), "--draft-min", "0", "-t", String(opt.t), "--json"];
     const r = spawnSync(opt.dflash, args, { encoding: "utf8", maxBuffer: 1 << 28 });
     if (r.status !== 0) throw new Error(`dflash exited ${r.status}: ${(r.stderr || "").slice(-2000)}`);
     const j = JSON.parse(r.stdout);
-    return { text: j.text, steps: j.steps, cmd: [opt.dflash, ...args] };
+    return { text: j.text, steps: j.steps, n_gen: j.n_gen, ms: j.t_gen_ms, cmd: [opt.dflash, ...args] };
 }
 
 const rows = [];
 let ok = true, totD = 0, totA = 0, totSteps = 0;
+const speed = { lt: 0, lms: 0, dt: 0, dms: 0 }; /* generated tokens and ms, summed over prompts */
 for (const p of prompts) {
     let L, D;
     try {
-        L = runLlama(p.text);
+        L = runLlama(p.text, true);
+        const Ls = runLlama(p.text, false); /* the timing run, without the per-step log */
+        L.n_gen = Ls.n_gen;
+        L.ms = Ls.ms;
         D = runDflash(p.text);
     } catch (e) {
         console.log(`${p.dom.padEnd(6)} FAILED to run: ${e.message}`);
@@ -101,6 +107,7 @@ for (const p of prompts) {
     const accepted = L.steps.slice(0, n).reduce((s, x) => s + x[1], 0);
     const accD = D.steps.slice(0, n).reduce((s, x) => s + x[1], 0);
     totD += drafted; totA += accepted; totSteps += n;
+    speed.lt += L.n_gen; speed.lms += L.ms; speed.dt += D.n_gen; speed.dms += D.ms;
     const good = stepOk && textOk;
     ok = ok && good;
     rows.push({ dom: p.dom, n, drafted, accepted, accD, stepOk, textOk, firstDiff, textDiff, chars: k,
@@ -109,14 +116,17 @@ for (const p of prompts) {
         `n_accepted llama ${String(accepted).padStart(4)} dflash ${String(accD).padStart(4)}  text ${textOk ? "same" : "DIFFERS at char " + textDiff} ` +
         `(${k} chars)  steps ${stepOk ? "same" : "DIFFER at step " + firstDiff + " llama " + JSON.stringify(L.steps[firstDiff]) + " dflash " + JSON.stringify(D.steps[firstDiff])}`);
 }
+const tpsL = speed.lms > 0 ? speed.lt / (speed.lms / 1e3) : 0, tpsD = speed.dms > 0 ? speed.dt / (speed.dms / 1e3) : 0;
 const summary = `${rows.filter(r => r.stepOk && r.textOk).length} of ${rows.length} prompts agree; compared steps ${totSteps}, ` +
-    `n_drafted ${totD}, n_accepted ${totA} (tau ${(totSteps ? (totA + totSteps) / totSteps : 0).toFixed(2)})`;
+    `n_drafted ${totD}, n_accepted ${totA} (tau ${(totSteps ? (totA + totSteps) / totSteps : 0).toFixed(2)}); ` +
+    `speed (generated tokens / generation time, all prompts, -t ${opt.t}): llama.cpp ${tpsL.toFixed(1)} tok/s, ` +
+    `dflash ${tpsD.toFixed(1)} tok/s (${tpsL > 0 ? (tpsD / tpsL).toFixed(2) : "?"}x)`;
 console.log(summary);
 if (opt.out) {
     const lines = [`# Parity with llama.cpp: ${opt.type}, draft ${opt.draft}, -n ${opt.n}`, "",
         `Files: \`${opt.m}\`, \`${opt.md}\`; prompts: the first ${opt.count} per domain of \`${opt.prompts}\`.`, "",
         "Commands (per prompt):", "", "```", `${opt.llama} -m ${opt.m} -md ${opt.md} --spec-type ${opt.type} --spec-draft-n-max ${opt.draft} --spec-draft-n-min 0 -p PROMPT -n ${opt.n} --temp 0 -t ${opt.t} -c 4096 -v`,
-        `${opt.dflash} generate -m ${opt.m} -md ${opt.md} -p PROMPT -n ${opt.n + 2 * opt.draft + 2} --draft-max ${opt.draft} --draft-min 0 -t ${opt.t} --json`, "```", "",
+        `${opt.dflash} generate -m ${opt.m} -md ${opt.md} -p PROMPT -n ${opt.n + 1} --draft-max ${opt.draft} --draft-min 0 -t ${opt.t} --json`, "```", "",
         "| # | domain | steps compared | n_drafted | n_accepted llama.cpp | n_accepted dflash | text | steps |", "|---|---|---|---|---|---|---|---|",
         ...rows.map((r, i) => `| ${i} | ${r.dom} | ${r.n} | ${r.drafted} | ${r.accepted} | ${r.accD} | ${r.textOk ? "same" : "differs at char " + r.textDiff} | ${r.stepOk ? "same" : "differ at step " + r.firstDiff}` + " |"),
         "", summary, ""];

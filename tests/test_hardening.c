@@ -376,6 +376,23 @@ TEST(hardening_model_load_vocab_rows) {
 
 /* ---- row 13: non-finite logits ---------------------------------------------------------------- */
 
+/* A copy of tgt at bad with output_norm.weight filled with v, loaded, and a 64-position context
+ * on it (NULL after a failed check); *m gets the model. */
+static dfl_context *open_filled_target(test_ctx *t, const char *tgt, const char *bad, float v, dfl_model **m) {
+    gguf_edit e = {.fill_tensor = "output_norm.weight", .fill = v};
+    dfl_error err = {0};
+    CHECK(gguf_copy_edit(tgt, bad, &e));
+    *m = dfl_model_load(bad, NULL, &err);
+    CHECK_MSG(*m != NULL, "%s", err.msg);
+    if (*m == NULL) return NULL;
+    dfl_context_params cp = dfl_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = cp.n_threads_batch = 1;
+    dfl_context *ctx = dfl_context_new(*m, &cp, &err);
+    CHECK_MSG(ctx != NULL, "%s", err.msg);
+    return ctx;
+}
+
 TEST(hardening_nonfinite_logits_are_an_error) {
     char tgt[512], dft[512], bad[512], args[2048], out[8192];
     if (!tu_make_models(t, "m", "", tgt, dft, sizeof(tgt))) return;
@@ -406,15 +423,9 @@ TEST(hardening_nonfinite_logits_are_an_error) {
         CHECK_STR_CONTAINS(out, "non-finite logits");
     }
     /* the library: the error names the position, and nothing of the batch is applied */
-    gguf_edit e = {.fill_tensor = "output_norm.weight", .fill = NAN};
-    REQUIRE(gguf_copy_edit(tgt, bad, &e));
     dfl_error err = {0};
-    dfl_model *m = dfl_model_load(bad, NULL, &err);
-    REQUIRE(m != NULL);
-    dfl_context_params cp = dfl_context_default_params();
-    cp.n_ctx = 64;
-    cp.n_threads = cp.n_threads_batch = 1;
-    dfl_context *ctx = dfl_context_new(m, &cp, &err);
+    dfl_model *m = NULL;
+    dfl_context *ctx = open_filled_target(t, tgt, bad, NAN, &m);
     REQUIRE(ctx != NULL);
     const int32_t toks[3] = {10, 11, 12};
     CHECK_EQ_INT(tu_decode(ctx, 0, toks, 2, NULL, &err), DFL_OK); /* no logits asked: nothing checked */
@@ -429,21 +440,16 @@ TEST(hardening_nonfinite_logits_are_an_error) {
 }
 
 /* Greedy decoding without penalties brings back argmax ids, no logits: the ARGMAX op flags a
- * non-finite row, so a NaN/Inf is still an error (the same message, the batch rolled back), and a
- * drafter whose logits are not finite is an error, not silently useless drafts. */
+ * non-finite row, so a NaN/Inf is still an error (the same message, the batch rolled back); a
+ * drafter whose logits are not finite gets its drafts cut (the output stays the target's) and the
+ * run warns. */
 TEST(hardening_nonfinite_argmax_only) {
     char tgt[512], dft[512], bad[512], args[2048], out[8192];
     if (!tu_make_models(t, "m", "", tgt, dft, sizeof(tgt))) return;
     test_path(t, "bad.gguf", bad, sizeof(bad));
-    gguf_edit e = {.fill_tensor = "output_norm.weight", .fill = INFINITY};
-    REQUIRE(gguf_copy_edit(tgt, bad, &e));
     dfl_error err = {0};
-    dfl_model *m = dfl_model_load(bad, NULL, &err);
-    REQUIRE(m != NULL);
-    dfl_context_params cp = dfl_context_default_params();
-    cp.n_ctx = 64;
-    cp.n_threads = cp.n_threads_batch = 1;
-    dfl_context *ctx = dfl_context_new(m, &cp, &err);
+    dfl_model *m = NULL;
+    dfl_context *ctx = open_filled_target(t, tgt, bad, INFINITY, &m);
     REQUIRE(ctx != NULL);
     const int32_t toks[4] = {10, 11, 12, 13};
     CHECK_EQ_INT(tu_decode(ctx, 0, toks, 2, NULL, &err), DFL_OK);
@@ -460,7 +466,7 @@ TEST(hardening_nonfinite_argmax_only) {
     dfl_model_free(m);
     /* a broken drafter: its drafts are not verified (the output stays the target's own) and the
      * run says so; the count of such slots is in the stats */
-    e.fill = NAN;
+    gguf_edit e = {.fill_tensor = "output_norm.weight", .fill = NAN};
     REQUIRE(gguf_copy_edit(dft, bad, &e));
     char ref[8192];
     snprintf(args, sizeof(args), "generate -m %s -p 'hello world' -n 8 --no-spec --json", tgt);

@@ -140,3 +140,25 @@ TEST(peer_llama_loads_dflash2_drafter) {
         CHECK_MSG(strstr(out, cfg[c][1]) != NULL, "llama.cpp did not load it as DFlash2 (%s): %s", cfg[c][1], out);
     }
 }
+
+/* Every committed drafter of the embedded pair (models/README.md) loads in llama.cpp as its
+ * family: DFlash, DSpark (its log names the Markov head), DFlash2 (its log names the conv and
+ * selector keys). */
+TEST(peer_llama_loads_committed_drafters) {
+    if (!tu_have_node_package(t, "node-llama-cpp")) return;
+    const char *files[][2] = {
+        {"models/drafter.gguf", ""},
+        {"models/drafter-dspark.gguf", "DFlash with DSpark markov head (rank = "},
+        {"models/drafter-dflash2.gguf", "DFlash2 conv kernel = "},
+    };
+    for (int f = 0; f < 3; f++) {
+        char cmd[2048], out[8192];
+        snprintf(cmd, sizeof(cmd), "node %s %s --load-only%s%s%s", PEER_SCRIPT, files[f][0], files[f][1][0] ? " --log-grep '" : "",
+                 files[f][1], files[f][1][0] ? "'" : "");
+        const int rc = test_run(cmd, out, sizeof(out));
+        CHECK_MSG(rc == 0 && strstr(out, "\"ok\":true") != NULL, "llama.cpp refused %s (%d): %s", files[f][0], rc, out);
+        if (files[f][1][0]) {
+            CHECK_MSG(strstr(out, files[f][1]) != NULL, "llama.cpp did not load %s as its family: %s", files[f][0], out);
+        }
+    }
+}

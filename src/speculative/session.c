@@ -385,7 +385,8 @@ static int32_t draft_keep(const float *rows, const int32_t *d, int32_t k, int64_
     return k;
 }
 
-/* DSpark: drafts kept before the first row whose confidence is below p_min (llama.cpp's cut). */
+/* Drafts kept before the first slot whose own probability (DSpark confidence, DFlash2 walk) is
+ * below p_min (llama.cpp's cut for both). */
 static int32_t conf_keep(const float *conf, int32_t k, float p_min) {
     for (int32_t j = 0; j < k; j++) {
         if (conf[j] < p_min) return j;
@@ -475,19 +476,19 @@ dfl_status spec_step_ex(spec_session *s, int32_t n, const int32_t *seqs, int32_t
     /* DFlash2: draft_p_min cuts where the walk's own probability (softmax over the lattice
      * scores of the chosen predecessor) falls below it, as llama.cpp's --draft-p-min does */
     const float *walk_p = drafter_dflash2(s->dft) != NULL ? dflash2_last_probs(s->dft) : NULL;
+    /* a drafter with its own per-slot probability (DSpark's confidence, DFlash2's walk) is cut on
+     * it; otherwise on the drafter's softmax probability of each draft */
+    const float *slot_p = conf != NULL ? conf : s->dlogits != NULL ? walk_p : NULL;
     for (int32_t i = 0; i < n; i++) {
         const int32_t want = s->lens[i];
-        if (s->dlogits != NULL && walk_p != NULL) {
-            int32_t m = 0;
-            while (m < want && walk_p[(size_t)i * (size_t)k + (size_t)m] >= s->params.draft_p_min) m++;
-            s->n_use[i] = m;
-            continue;
+        if (slot_p != NULL) {
+            s->n_use[i] = conf_keep(slot_p + (size_t)i * (size_t)k, want, s->params.draft_p_min);
+        } else {
+            s->n_use[i] = s->dlogits == NULL ? want
+                                             : draft_keep(s->dlogits + (size_t)i * (size_t)k * (size_t)s->n_vocab,
+                                                          s->draft + (size_t)i * (size_t)k, want, s->n_vocab,
+                                                          s->params.draft_p_min);
         }
-        s->n_use[i] = s->dlogits == NULL ? want
-                                         : draft_keep(s->dlogits + (size_t)i * (size_t)k * (size_t)s->n_vocab,
-                                                      s->draft + (size_t)i * (size_t)k, want, s->n_vocab,
-                                                      s->params.draft_p_min);
-        if (conf != NULL) s->n_use[i] = conf_keep(conf + (size_t)i * (size_t)k, want, s->params.draft_p_min);
     }
 
     /* 2. verify */

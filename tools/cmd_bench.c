@@ -1,60 +1,41 @@
 /* cmd_bench.c: `dflash bench`: speed, measured honestly: every figure is the median of -r
  * repetitions after a warm-up, in one run, with ratios against the baseline measured beside it.
- * Rows: pp (prompt processing) and tg (generation) through a plain engine, a verification-sized
- * batch (one forward pass of a context), and with a drafter the speculative generation vs the
- * plain engine's on the same prompt (tau, per-step time split), the host vs device feature
- * paths; --llama adds llama.cpp's tg and pp16 on the same file. */
-#include "cli_common.h"
+ * Rows (docs in README.md, "dflash bench"): pp (prompt processing) and tg (generation) through a
+ * plain engine; a verification-sized batch (one forward pass of one sequence, logits for all) and
+ * the same for --verify-seqs sequences at once (one batch); with --threads-scan the batched rows
+ * again at one thread; with a drafter (cmd_bench_spec.c) the speculative generation vs the plain
+ * one, the drafter pass, one speculative step at 3 and 15 drafts; --llama adds llama.cpp's tg and
+ * pp16 on the same file. */
+#include "cmd_bench.h"
 #include "cmds.h"
-#include "base/jsonw.h"
 
-#include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct bench_row {
-    char name[48];
-    double tok_s;  /* tokens per second (0: n/a) */
-    double ms;     /* median milliseconds of one repetition */
-    double gb_s;   /* weight bytes read per second (0: n/a) */
-    char note[224];
-} bench_row;
-
-typedef struct bench {
-    cli_opts o;
-    int reps;
-    int64_t n_pp, n_tg, n_verify, n_spec;
-    bool csv, llama;
-    cli_session s;         /* s.engine: the speculative engine (or plain with --no-spec / no drafter) */
-    dfl_engine *plain;     /* a plain engine on the same target: the baselines */
-    dfl_context *ar;       /* a plain target context: the verification-sized batch */
-    uint64_t weight_bytes;
-    bench_row rows[32];
-    int n_rows;
-} bench;
+#include <unistd.h>
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n) {
+double bench_median(double *v, int n) {
     qsort(v, (size_t)n, sizeof(double), cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static bench_row *add_row(bench *b, const char *name) {
-    bench_row *r = &b->rows[b->n_rows++];
+bench_row *bench_add_row(bench *b, const char *fmt, ...) {
+    bench_row *r = &b->rows[b->n_rows < BENCH_MAX_ROWS ? b->n_rows++ : BENCH_MAX_ROWS - 1];
     memset(r, 0, sizeof(*r));
-    snprintf(r->name, sizeof(r->name), "%s", name);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->name, sizeof(r->name), fmt, ap);
+    va_end(ap);
     return r;
 }
 
-/* Generates with seq 0 of e after the prompt until n tokens (greedy, EOS ignored): the prefill
- * is not timed; ms_out: the steps' wall time; d (may be NULL): the engine's totals of the steps
- * alone (after the prefill). */
-static bool engine_gen(dfl_engine *e, const int32_t *prompt, int64_t n_prompt, int64_t n, double *ms_out,
-                       dfl_engine_stats *d) {
+bool bench_engine_gen(dfl_engine *e, const int32_t *prompt, int64_t n_prompt, int64_t n, double *ms_out,
+                      dfl_engine_stats *d, dfl_seq_stats *st) {
     dfl_error err = {0};
     dfl_seq_params sp = dfl_seq_default_params();
     sp.max_tokens = n;
@@ -73,203 +54,185 @@ static bool engine_gen(dfl_engine *e, const int32_t *prompt, int64_t n_prompt, i
         d->t_other_ms = s1.t_other_ms - s0.t_other_ms;
         d->feature_host_bytes = s1.feature_host_bytes - s0.feature_host_bytes;
     }
+    if (ok && st != NULL) dfl_engine_seq_stats(e, 0, st, NULL);
     if (!ok) fprintf(stderr, "dflash bench: %s\n", err.msg);
     return ok;
 }
 
-static bool bench_ar(bench *b, const int32_t *prompt, int64_t n_prompt) {
+/* A plain target context for the verify rows: n_seq sequences of n_ctx positions, batches of
+ * n_tok entries with logits for all; threads 0: the options' threads. */
+static dfl_context *bench_ctx_new(bench *b, int32_t n_seq, int64_t n_ctx, int64_t n_tok, int32_t threads) {
     dfl_error err = {0};
-    dfl_batch *bt = dfl_batch_init(b->n_verify, 0, 1, &err);
-    const int64_t n_rnd = (b->n_pp > b->n_verify ? b->n_pp : b->n_verify) + 1; /* pp and verify read it */
-    int32_t *rnd = malloc((size_t)n_rnd * sizeof(int32_t));
-    double *t = malloc((size_t)(b->reps + 1) * sizeof(double) * 3);
-    if (bt == NULL || rnd == NULL || t == NULL) return false;
-    const int64_t nv = dfl_n_vocab(b->ar);
-    for (int64_t i = 0; i < n_rnd; i++) rnd[i] = (int32_t)((i * 2654435761u) % (uint64_t)nv);
-    dfl_seq_params sp1 = dfl_seq_default_params();
-    sp1.max_tokens = 1;
-    bool ok = true;
-    /* pp: a prefill of n_pp tokens (and its first token) */
-    for (int r = 0; r <= b->reps && ok; r++) {
-        dfl_engine_seq_reset(b->plain, 0, NULL);
-        double t0 = cli_now_ms();
-        ok = dfl_engine_seq_start(b->plain, 0, rnd, b->n_pp, &sp1, &err) == DFL_OK;
-        if (r > 0) t[r - 1] = cli_now_ms() - t0;
-    }
-    if (!ok) goto out;
-    {
-        double ms = median(t, b->reps);
-        bench_row *row = add_row(b, "");
-        snprintf(row->name, sizeof(row->name), "pp%lld", (long long)b->n_pp);
-        row->ms = ms;
-        row->tok_s = (double)b->n_pp / (ms / 1e3);
-        snprintf(row->note, sizeof(row->note), "prompt of %lld tokens, batches of %lld", (long long)b->n_pp,
-                 (long long)b->o.n_batch);
-    }
-    /* tg: after the prompt, n_tg plain steps (greedy) */
-    for (int r = 0; r <= b->reps && ok; r++) {
-        double ms = 0;
-        ok = engine_gen(b->plain, prompt, n_prompt, b->n_tg + 1, &ms, NULL);
-        if (r > 0) t[r - 1] = ms;
-    }
-    if (!ok) goto out;
-    {
-        double ms = median(t, b->reps);
-        bench_row *row = add_row(b, "");
-        snprintf(row->name, sizeof(row->name), "tg%lld", (long long)b->n_tg);
-        row->ms = ms / (double)b->n_tg;
-        row->tok_s = (double)b->n_tg / (ms / 1e3);
-        row->gb_s = (double)b->weight_bytes / (row->ms / 1e3) / 1e9;
-        snprintf(row->note, sizeof(row->note), "ms per token; weights %.1f MB", (double)b->weight_bytes / 1e6);
-    }
-    /* a verification-sized batch (one forward pass, logits for all) after a prompt, rolled back */
-    for (int r = 0; r <= b->reps && ok; r++) {
-        dfl_seq_remove(b->ar, 0, 0, NULL);
-        dfl_batch_clear(bt);
-        for (int64_t i = 0; i < n_prompt && i < b->n_verify; i++) {
-            const int32_t pos = (int32_t)i;
-            dfl_batch_add_token(bt, prompt[i], &pos, 0, false);
+    dfl_context_params cp = dfl_context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.n_seq = n_seq;
+    cp.n_batch = cp.n_ubatch = cp.n_outputs = n_tok;
+    cp.n_threads = threads > 0 ? threads : b->o.n_threads;
+    cp.n_threads_batch = threads > 0 ? threads : b->o.n_threads_batch;
+    cp.device = b->o.device;
+    dfl_context *c = dfl_context_new(b->s.target, &cp, &err);
+    if (c == NULL) fprintf(stderr, "dflash bench: %s\n", err.msg);
+    return c;
+}
+
+/* Sequence s's own prompt for the multi-sequence verify: the prompt for s = 0, then the prompt's
+ * tokens shifted through the vocabulary (same length, other contents). */
+static int32_t seq_prompt_token(const int32_t *prompt, int64_t i, int32_t s, int64_t n_vocab) {
+    return (int32_t)(((int64_t)prompt[i] + (int64_t)s * 7919) % n_vocab);
+}
+
+/* Median ms of one batch of n_verify random tokens per sequence for sequences 0..n_seq-1 of c
+ * (logits for all), each after its own prompt (prefilled once, not timed); rolled back after
+ * every repetition. */
+static bool time_verify(bench *b, dfl_context *c, int32_t n_seq, const int32_t *prompt, int64_t n_prompt,
+                        const int32_t *rnd, double *ms_out) {
+    dfl_error err = {0};
+    const int64_t n_tok = (int64_t)n_seq * b->n_verify, nv = dfl_n_vocab(c);
+    dfl_batch *bt = dfl_batch_init(n_tok, 0, 1, &err);
+    double *t = malloc(sizeof(double) * (size_t)b->reps);
+    bool ok = bt != NULL && t != NULL;
+    for (int32_t s = 0; s < n_seq && ok; s++) {
+        ok = dfl_seq_remove(c, s, 0, &err) == DFL_OK;
+        for (int64_t i0 = 0; i0 < n_prompt && ok; i0 += n_tok) { /* the prompt in batches of n_tok */
+            dfl_batch_clear(bt);
+            for (int64_t i = i0; i < n_prompt && i < i0 + n_tok; i++) {
+                const int32_t pos = (int32_t)i;
+                dfl_batch_add_token(bt, seq_prompt_token(prompt, i, s, nv), &pos, s, false);
+            }
+            ok = dfl_decode(c, bt, &err) == DFL_OK;
         }
-        ok = dfl_decode(b->ar, bt, &err) == DFL_OK;
+    }
+    for (int r = 0; r <= b->reps && ok; r++) {
         dfl_batch_clear(bt);
-        for (int64_t i = 0; i < b->n_verify; i++) {
-            const int32_t pos = (int32_t)(dfl_seq_len(b->ar, 0) + i);
-            dfl_batch_add_token(bt, rnd[i], &pos, 0, true);
+        for (int32_t s = 0; s < n_seq; s++) {
+            for (int64_t i = 0; i < b->n_verify; i++) {
+                const int32_t pos = (int32_t)(n_prompt + i);
+                dfl_batch_add_token(bt, rnd[(i + s) % (b->n_verify + 1)], &pos, s, true);
+            }
         }
-        double t0 = cli_now_ms();
-        ok = ok && dfl_decode(b->ar, bt, &err) == DFL_OK;
+        const double t0 = cli_now_ms();
+        ok = dfl_decode(c, bt, &err) == DFL_OK;
         if (r > 0) t[r - 1] = cli_now_ms() - t0;
+        for (int32_t s = 0; s < n_seq && ok; s++) ok = dfl_seq_remove(c, s, n_prompt, &err) == DFL_OK;
     }
-    if (!ok) {
-        fprintf(stderr, "dflash bench: %s\n", err.msg);
-        goto out;
-    }
-    {
-        double ms = median(t, b->reps);
-        bench_row *row = add_row(b, "");
-        snprintf(row->name, sizeof(row->name), "verify%lld", (long long)b->n_verify);
-        row->ms = ms;
-        row->tok_s = (double)b->n_verify / (ms / 1e3);
-        row->gb_s = (double)b->weight_bytes / (ms / 1e3) / 1e9;
-        snprintf(row->note, sizeof(row->note), "one batch of %lld tokens, logits for all: %.2fx one tg step",
-                 (long long)b->n_verify, ms / b->rows[b->n_rows - 2].ms);
-    }
-out:
-    if (!ok) fprintf(stderr, "dflash bench: %s\n", err.msg);
+    if (ok) *ms_out = bench_median(t, b->reps);
+    else fprintf(stderr, "dflash bench: %s\n", err.msg);
     free(t);
-    free(rnd);
     dfl_batch_free(bt);
     return ok;
 }
 
-static bool bench_spec(bench *b, const int32_t *prompt, int64_t n_prompt) {
-    enum { NV = 3 };
-    static const char *names[NV] = {"spec-gen (device features)", "spec-gen (host features)",
-                                    "spec-gen (device features, device-side wait)"};
-    const dfl_feature_path paths[NV] = {DFL_FEATURES_DEVICE, DFL_FEATURES_HOST, DFL_FEATURES_DEVICE};
-    const dfl_feature_wait waits[NV] = {DFL_WAIT_HOST, DFL_WAIT_HOST, DFL_WAIT_DEVICE};
-    dfl_engine *eng[NV] = {NULL};
-    double *t_ar = malloc(sizeof(double) * (size_t)b->reps), *t_sp[NV];
-    for (int f = 0; f < NV; f++) t_sp[f] = malloc(sizeof(double) * (size_t)b->reps);
-    dfl_seq_stats st[NV];
-    double split[NV][4] = {{0}};
-    uint64_t host_bytes[NV] = {0};
-    bool ok = t_ar && t_sp[0] && t_sp[1] && t_sp[2];
+/* Median ms of a prefill of n_pp tokens (and its first token) through a plain engine. */
+static bool time_pp(bench *b, dfl_engine *e, const int32_t *rnd, double *ms_out) {
     dfl_error err = {0};
-    for (int f = 0; f < NV && ok; f++) {
-        dfl_engine_params ep = cli_engine_params(&b->o);
-        ep.features = paths[f];
-        ep.wait = waits[f];
-        ep.share_backend = b->plain; /* one thread pool for every engine of the run */
-        eng[f] = dfl_engine_new_from_models(b->s.target, b->s.drafter, b->s.vocab, &ep, &err);
-        if (eng[f] == NULL) {
-            fprintf(stderr, "dflash bench: %s\n", err.msg);
-            ok = false;
-        }
-    }
+    dfl_seq_params sp1 = dfl_seq_default_params();
+    sp1.max_tokens = 1;
+    double *t = malloc(sizeof(double) * (size_t)b->reps);
+    bool ok = t != NULL;
     for (int r = 0; r <= b->reps && ok; r++) {
-        double ms = 0;
-        ok = engine_gen(b->plain, prompt, n_prompt, b->n_spec, &ms, NULL);
-        if (r > 0) t_ar[r - 1] = ms;
-        for (int f = 0; f < NV && ok; f++) {
-            dfl_engine_stats d;
-            ok = engine_gen(eng[f], prompt, n_prompt, b->n_spec, &ms, &d);
-            dfl_engine_seq_stats(eng[f], 0, &st[f], NULL);
-            host_bytes[f] = d.feature_host_bytes;
-            if (r > 0) {
-                t_sp[f][r - 1] = ms;
-                const double steps = (double)(st[f].n_steps > 0 ? st[f].n_steps : 1);
-                split[f][0] += d.t_draft_ms / steps / b->reps;
-                split[f][1] += d.t_verify_ms / steps / b->reps;
-                split[f][2] += d.t_inject_ms / steps / b->reps;
-                split[f][3] += d.t_other_ms / steps / b->reps;
-            }
-        }
+        dfl_engine_seq_reset(e, 0, NULL);
+        const double t0 = cli_now_ms();
+        ok = dfl_engine_seq_start(e, 0, rnd, b->n_pp, &sp1, &err) == DFL_OK;
+        if (r > 0) t[r - 1] = cli_now_ms() - t0;
     }
-    if (ok) {
-        const double n_gen = (double)(b->n_spec - 1);
-        double ar = median(t_ar, b->reps);
-        bench_row *row = add_row(b, "ar-gen");
-        row->ms = ar / n_gen;
-        row->tok_s = n_gen / (ar / 1e3);
-        snprintf(row->note, sizeof(row->note), "autoregressive greedy, %lld tokens after a %lld-token prompt",
-                 (long long)b->n_spec, (long long)n_prompt);
-        for (int f = 0; f < NV; f++) {
-            double sp = median(t_sp[f], b->reps);
-            const double steps = (double)(st[f].n_steps > 0 ? st[f].n_steps : 1);
-            const double tau = (double)(st[f].n_accepted + st[f].n_steps) / steps;
-            row = add_row(b, names[f]);
-            row->ms = sp / n_gen;
-            row->tok_s = n_gen / (sp / 1e3);
-            snprintf(row->note, sizeof(row->note), "%.2fx ar; tau %.2f; %.1f drafts verified per step; step %.2f ms = "
-                     "draft %.2f + verify %.2f + inject %.2f + other %.2f; %llu feature bytes via host",
-                     ar / sp, tau, (double)st[f].n_draft_tokens / steps, split[f][0] + split[f][1] + split[f][2] + split[f][3],
-                     split[f][0], split[f][1], split[f][2], split[f][3], (unsigned long long)host_bytes[f]);
-        }
-    }
-    for (int f = 0; f < NV; f++) dfl_engine_free(eng[f]);
-    free(t_ar);
-    for (int f = 0; f < NV; f++) free(t_sp[f]);
+    if (ok) *ms_out = bench_median(t, b->reps);
+    else fprintf(stderr, "dflash bench: %s\n", err.msg);
+    free(t);
     return ok;
 }
 
-static bool bench_llama(bench *b) {
-    char script[4096], out[4096], threads[32], tg[32], pp[32], reps[32];
-    if (!cli_find_peer_script("llama_bench.mjs", script, sizeof(script), "bench")) return false;
-    snprintf(threads, sizeof(threads), "%d", b->o.n_threads > 0 ? b->o.n_threads : 2);
-    snprintf(tg, sizeof(tg), "%lld", (long long)b->n_tg);
-    snprintf(pp, sizeof(pp), "%lld", (long long)b->n_verify);
-    snprintf(reps, sizeof(reps), "%d", b->reps);
-    /* argv, no shell: the model path is passed as it is */
-    char *argv[] = {"node", script, (char *)b->o.model, "--threads", threads, "--tg", tg, "--pp", pp, "--reps", reps, NULL};
-    const int rc = cli_spawn_capture(argv, out, sizeof(out), "bench");
-    const char *pps = strstr(out, "\"pp_tok_s\":"), *tgs = strstr(out, "\"tg_tok_s\":");
-    if (rc != 0 || pps == NULL || tgs == NULL) {
-        if (rc >= 0) {
-            fprintf(stderr, "dflash bench: the llama.cpp comparison failed (node %s, exit %d; needs node and "
-                    "tests/peer/node_modules: make deps): %.600s\n", script, rc, out);
-        }
-        return false;
+/* The batched rows (pp, verify, verify x sequences) at one setting: ms[0..2]. */
+static bool time_batched(bench *b, dfl_engine *e, dfl_context *one, dfl_context *many, const int32_t *prompt,
+                         int64_t n_prompt, const int32_t *rnd, double ms[3]) {
+    return time_pp(b, e, rnd, &ms[0]) && time_verify(b, one, 1, prompt, n_prompt, rnd, &ms[1]) &&
+           time_verify(b, many, b->n_vseq, prompt, n_prompt, rnd, &ms[2]);
+}
+
+/* Row i (0: pp, 1: verify, 2: verify x sequences) of the batched rows from its median ms. */
+static void batched_row(bench *b, int i, double ms, const char *suffix) {
+    bench_row *row;
+    if (i == 0) {
+        row = bench_add_row(b, "pp%lld%s", (long long)b->n_pp, suffix);
+        row->tok_s = (double)b->n_pp / (ms / 1e3);
+        snprintf(row->note, sizeof(row->note), "prompt of %lld tokens, batches of %lld", (long long)b->n_pp,
+                 (long long)b->o.n_batch);
+    } else if (i == 1) {
+        row = bench_add_row(b, "verify%lld%s", (long long)b->n_verify, suffix);
+        row->tok_s = (double)b->n_verify / (ms / 1e3);
+        snprintf(row->note, sizeof(row->note), "one batch of %lld tokens, logits for all: %.2fx one tg step",
+                 (long long)b->n_verify, ms / b->tg_ms);
+    } else {
+        row = bench_add_row(b, "verify%lldx%d%s", (long long)b->n_verify, b->n_vseq, suffix);
+        row->tok_s = (double)(b->n_verify * b->n_vseq) / (ms / 1e3);
+        snprintf(row->note, sizeof(row->note), "one batch of %d sequences x %lld tokens (%lld rows), each after its own "
+                 "prompt, logits for all: %.2fx one tg step", b->n_vseq, (long long)b->n_verify,
+                 (long long)(b->n_verify * b->n_vseq), ms / b->tg_ms);
     }
-    double pp_s = atof(pps + 11), tg_s = atof(tgs + 11);
-    double our_tg = 0, our_v = 0;
-    for (int i = 0; i < b->n_rows; i++) {
-        if (!strncmp(b->rows[i].name, "tg", 2)) our_tg = b->rows[i].tok_s;
-        if (!strncmp(b->rows[i].name, "verify", 6)) our_v = b->rows[i].tok_s;
+    row->ms = ms;
+    if (i > 0) row->gb_s = (double)b->weight_bytes / (ms / 1e3) / 1e9;
+}
+
+/* --threads-scan: the batched rows again at one thread (its own engine, contexts and thread
+ * pools), each against the same row at the chosen threads (ms). */
+static bool bench_threads(bench *b, const int32_t *prompt, int64_t n_prompt, const int32_t *rnd, const double ms[3]) {
+    dfl_error err = {0};
+    dfl_engine_params ep = cli_engine_params(&b->o);
+    ep.n_threads = ep.n_threads_batch = 1;
+    ep.n_ctx = b->n_pp + 8;
+    ep.share_backend = NULL;
+    dfl_engine *e1 = dfl_engine_new_from_models(b->s.target, NULL, b->s.vocab, &ep, &err);
+    if (e1 == NULL) fprintf(stderr, "dflash bench: %s\n", err.msg);
+    dfl_context *one = e1 ? bench_ctx_new(b, 1, dfl_n_ctx(b->ar), b->n_verify, 1) : NULL;
+    dfl_context *many = one ? bench_ctx_new(b, b->n_vseq, dfl_n_ctx(b->arn), b->n_verify * b->n_vseq, 1) : NULL;
+    double ms1[3] = {0};
+    const bool ok = many != NULL && time_batched(b, e1, one, many, prompt, n_prompt, rnd, ms1);
+    dfl_context_free(many);
+    dfl_context_free(one);
+    dfl_engine_free(e1);
+    const long n_cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int tb = b->o.n_threads_batch > 0 ? b->o.n_threads_batch : (int)(n_cores > 0 ? n_cores : 1);
+    for (int i = 0; i < 3 && ok; i++) {
+        batched_row(b, i, ms1[i], " @1 thread");
+        bench_row *row = &b->rows[b->n_rows - 1];
+        row->gb_s = 0;
+        snprintf(row->note, sizeof(row->note), "the %s row at 1 thread: %d threads (-tb) are %.2fx faster (ideal %.2fx)",
+                 i == 0 ? "pp" : i == 1 ? "verify" : "multi-sequence verify", tb, ms1[i] / ms[i], (double)tb);
     }
-    bench_row *row = add_row(b, "llama.cpp tg");
-    row->tok_s = tg_s;
-    row->ms = 1e3 / tg_s;
-    row->gb_s = (double)b->weight_bytes / (row->ms / 1e3) / 1e9;
-    snprintf(row->note, sizeof(row->note), "node-llama-cpp 3.21.1, same file; dflash/llama.cpp = %.2fx", our_tg / tg_s);
-    row = add_row(b, "");
-    snprintf(row->name, sizeof(row->name), "llama.cpp pp%lld", (long long)b->n_verify);
-    row->tok_s = pp_s;
-    row->ms = (double)b->n_verify * 1e3 / pp_s;
-    row->gb_s = (double)b->weight_bytes / (row->ms / 1e3) / 1e9;
-    snprintf(row->note, sizeof(row->note), "dflash verify%lld / llama.cpp pp%lld = %.2fx", (long long)b->n_verify,
-             (long long)b->n_verify, our_v / pp_s);
-    return true;
+    return ok;
+}
+
+static bool bench_ar(bench *b, const int32_t *prompt, int64_t n_prompt) {
+    const int64_t n_rnd = (b->n_pp > b->n_verify ? b->n_pp : b->n_verify) + 1; /* pp and verify read it */
+    int32_t *rnd = malloc((size_t)n_rnd * sizeof(int32_t));
+    double *t = malloc((size_t)(b->reps + 1) * sizeof(double));
+    bool ok = rnd != NULL && t != NULL;
+    const int64_t nv = dfl_n_vocab(b->ar);
+    for (int64_t i = 0; ok && i < n_rnd; i++) rnd[i] = (int32_t)((i * 2654435761u) % (uint64_t)nv);
+    /* tg first (the batched rows' ratios read it): after the prompt, n_tg plain steps (greedy) */
+    for (int r = 0; r <= b->reps && ok; r++) {
+        double ms = 0;
+        ok = bench_engine_gen(b->plain, prompt, n_prompt, b->n_tg + 1, &ms, NULL, NULL);
+        if (r > 0) t[r - 1] = ms;
+    }
+    double ms[3] = {0};
+    if (ok) {
+        b->tg_ms = bench_median(t, b->reps) / (double)b->n_tg;
+        ok = time_batched(b, b->plain, b->ar, b->arn, prompt, n_prompt, rnd, ms);
+    }
+    if (ok) {
+        batched_row(b, 0, ms[0], "");
+        bench_row *row = bench_add_row(b, "tg%lld", (long long)b->n_tg);
+        row->ms = b->tg_ms;
+        row->tok_s = 1e3 / b->tg_ms;
+        row->gb_s = (double)b->weight_bytes / (row->ms / 1e3) / 1e9;
+        snprintf(row->note, sizeof(row->note), "ms per token; weights %.1f MB", (double)b->weight_bytes / 1e6);
+        batched_row(b, 1, ms[1], "");
+        batched_row(b, 2, ms[2], "");
+    }
+    if (ok && b->threads_scan) ok = bench_threads(b, prompt, n_prompt, rnd, ms);
+    free(t);
+    free(rnd);
+    return ok;
 }
 
 static int usage(FILE *out) {
@@ -278,7 +241,13 @@ static int usage(FILE *out) {
                  "  --pp N          prompt-processing tokens (default 512)\n"
                  "  --tg N          generation tokens (default 64)\n"
                  "  --verify N      tokens in the verification-sized batch (default 16)\n"
+                 "  --verify-seqs N sequences of the multi-sequence verify: one batch of N x --verify\n"
+                 "                  tokens, each sequence after its own prompt (default 8)\n"
+                 "  --threads-scan  the batched rows (pp, verify, verify x sequences) again at 1 thread,\n"
+                 "                  with the scaling to -tb threads (all cores when not given)\n"
                  "  --spec-n N      tokens generated in the speculative comparison (default 128)\n"
+                 "  with -md also: the drafter pass (one block) and one speculative step at a fixed\n"
+                 "  draft length of 3 and of 15 (--tg tokens generated; tau shows the acceptance)\n"
                  "  --llama         also measure llama.cpp (node-llama-cpp) on the same file\n"
                  "  --csv           CSV instead of a markdown table\n");
     cli_print_common_help(out);
@@ -294,6 +263,7 @@ int cmd_bench(int argc, char **argv) {
     b.n_tg = 64;
     b.n_verify = 16;
     b.n_spec = 128;
+    b.n_vseq = 8;
     b.o.prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -301,13 +271,15 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout);
         if (!strcmp(a, "--csv")) { b.csv = true; continue; }
         if (!strcmp(a, "--llama")) { b.llama = true; continue; }
-        if (!strcmp(a, "-r") || !strcmp(a, "--pp") || !strcmp(a, "--tg") || !strcmp(a, "--verify") || !strcmp(a, "--spec-n")) {
+        if (!strcmp(a, "--threads-scan")) { b.threads_scan = true; continue; }
+        if (!strcmp(a, "-r") || !strcmp(a, "--pp") || !strcmp(a, "--tg") || !strcmp(a, "--verify") || !strcmp(a, "--spec-n") ||
+            !strcmp(a, "--verify-seqs")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "dflash bench: option %s needs a value\n", a);
                 return 2;
             }
             long long v = strtoll(argv[++i], &end, 10);
-            const long long hi = !strcmp(a, "--verify") ? 64 : 100000;
+            const long long hi = !strcmp(a, "--verify") || !strcmp(a, "--verify-seqs") ? 64 : 100000;
             if (*end != '\0' || end == argv[i] || v < 1 || v > hi) {
                 fprintf(stderr, "dflash bench: invalid value '%s' for %s (an integer in 1..%lld)\n", argv[i], a, hi);
                 return 2;
@@ -316,6 +288,7 @@ int cmd_bench(int argc, char **argv) {
             else if (!strcmp(a, "--pp")) b.n_pp = v;
             else if (!strcmp(a, "--tg")) b.n_tg = v;
             else if (!strcmp(a, "--verify")) b.n_verify = v;
+            else if (!strcmp(a, "--verify-seqs")) b.n_vseq = (int32_t)v;
             else b.n_spec = v < 2 ? 2 : v;
             continue;
         }
@@ -341,24 +314,16 @@ int cmd_bench(int argc, char **argv) {
     b.s.engine = NULL;
     dfl_engine_params ep = cli_engine_params(&b.o);
     b.plain = dfl_engine_new_from_models(b.s.target, NULL, b.s.vocab, &ep, &err);
-    dfl_context_params cp = dfl_context_default_params();
-    cp.n_ctx = b.o.n_ctx;
-    cp.n_batch = cp.n_ubatch = cp.n_outputs = b.n_verify;
-    cp.n_threads = b.o.n_threads;
-    cp.n_threads_batch = b.o.n_threads_batch;
-    cp.device = b.o.device;
-    b.ar = b.plain != NULL ? dfl_context_new(b.s.target, &cp, &err) : NULL;
-    if (b.ar == NULL) {
-        fprintf(stderr, "dflash bench: %s\n", err.msg);
-        dfl_engine_free(b.plain);
-        cli_session_close(&b.s);
-        return 1;
-    }
+    if (b.plain == NULL) fprintf(stderr, "dflash bench: %s\n", err.msg);
     b.weight_bytes = dfl_model_n_bytes(b.s.target);
     int32_t *prompt = NULL;
-    int64_t n_prompt = cli_tokenize_prompt(&b.s, &b.o, b.o.prompt, &prompt, "bench");
-    bool ok = n_prompt > 0 && bench_ar(&b, prompt, n_prompt);
+    int64_t n_prompt = b.plain != NULL ? cli_tokenize_prompt(&b.s, &b.o, b.o.prompt, &prompt, "bench") : -1;
+    /* the verify contexts: each sequence holds its prompt and one verify batch */
+    if (n_prompt > 0) b.ar = bench_ctx_new(&b, 1, n_prompt + b.n_verify + 1, b.n_verify, 0);
+    if (b.ar != NULL) b.arn = bench_ctx_new(&b, b.n_vseq, n_prompt + b.n_verify + 1, b.n_verify * b.n_vseq, 0);
+    bool ok = b.arn != NULL && bench_ar(&b, prompt, n_prompt);
     if (ok && b.s.drafter != NULL) ok = bench_spec(&b, prompt, n_prompt);
+    if (ok && b.s.drafter != NULL) ok = bench_spec_steps(&b, prompt, n_prompt);
     if (ok && b.llama) ok = bench_llama(&b); /* a failed comparison fails the run (rows so far still printed) */
     const dfl_hparams *hp = dfl_model_hparams(b.s.target);
     if (b.csv) {
@@ -369,16 +334,18 @@ int cmd_bench(int argc, char **argv) {
     } else {
         printf("model: %s (%s, %lld layers, n_embd %lld, %.1f MB)%s%s, threads %d (0 = all cores), %s queues, "
                "median of %d after a warm-up\n\n",
-               b.o.model, dfl_arch_name(hp->arch), (long long)hp->n_layer, (long long)hp->n_embd, (double)b.weight_bytes / 1e6,
-               b.s.drafter ? ", drafter " : "", b.s.drafter ? b.o.draft : "", b.o.n_threads, b.o.async ? "async" : "sync", b.reps);
+               b.o.model ? b.o.model : b.s.tpath, dfl_arch_name(hp->arch), (long long)hp->n_layer, (long long)hp->n_embd, (double)b.weight_bytes / 1e6,
+               b.s.drafter ? ", drafter " : "", b.s.drafter ? (b.o.draft ? b.o.draft : b.s.dpath) : "", b.o.n_threads, b.o.async ? "async" : "sync", b.reps);
         printf("| test | tok/s | ms | GB/s | notes |\n|---|---:|---:|---:|---|\n");
         for (int i = 0; i < b.n_rows; i++) {
-            char gbs[32] = "";
+            char gbs[32] = "", toks[32] = "";
             if (b.rows[i].gb_s > 0) snprintf(gbs, sizeof(gbs), "%.2f", b.rows[i].gb_s);
-            printf("| %s | %.2f | %.3f | %s | %s |\n", b.rows[i].name, b.rows[i].tok_s, b.rows[i].ms, gbs, b.rows[i].note);
+            if (b.rows[i].tok_s > 0) snprintf(toks, sizeof(toks), "%.2f", b.rows[i].tok_s);
+            printf("| %s | %s | %.3f | %s | %s |\n", b.rows[i].name, toks, b.rows[i].ms, gbs, b.rows[i].note);
         }
     }
     free(prompt);
+    dfl_context_free(b.arn);
     dfl_context_free(b.ar);
     dfl_engine_free(b.plain);
     cli_session_close(&b.s);

@@ -59,7 +59,7 @@ TEST(bench_cli_every_row) {
     /* the ratios the issue asks for are printed beside the figures */
     CHECK_STR_CONTAINS(out, "x one tg step");
     CHECK_STR_CONTAINS(out, "2 threads (-tb) are ");
-    CHECK_STR_CONTAINS(out, "one drafter forward over a block of 15 drafts");
+    CHECK_STR_CONTAINS(out, "one drafter forward drafting a full block (15 drafts)");
     CHECK_STR_CONTAINS(out, "tau ");
     /* a missing row is caught (the check above can fail) */
     double a, b;

@@ -141,7 +141,7 @@ bool bench_spec_steps(bench *b, const int32_t *prompt, int64_t n_prompt) {
     if (!ok) return false;
     bench_row *row = bench_add_row(b, "drafter pass");
     row->ms = runs[0].draft_ms;
-    snprintf(row->note, sizeof(row->note), "one drafter forward over a block of %d drafts (+ last token), greedy: "
+    snprintf(row->note, sizeof(row->note), "one drafter forward drafting a full block (%d drafts), greedy: "
              "%.2fx one tg step; ms per step, median of %d runs of %lld steps", kfull, runs[0].draft_ms / b->tg_ms,
              b->reps, (long long)runs[0].n_steps);
     for (int i = 1; i < 3; i++) {

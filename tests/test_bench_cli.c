@@ -58,7 +58,7 @@ TEST(bench_cli_every_row) {
     check_row(t, out, "drafter pass", false); /* a time only */
     /* the ratios the issue asks for are printed beside the figures */
     CHECK_STR_CONTAINS(out, "x one tg step");
-    CHECK_STR_CONTAINS(out, "2 threads (-tb) are ");
+    CHECK_STR_CONTAINS(out, "speed at 2 threads (-tb) / at 1 thread: ");
     CHECK_STR_CONTAINS(out, "one drafter forward drafting a full block (15 drafts)");
     CHECK_STR_CONTAINS(out, "tau ");
     /* a missing row is caught (the check above can fail) */

@@ -195,7 +195,8 @@ static bool bench_threads(bench *b, const int32_t *prompt, int64_t n_prompt, con
         batched_row(b, i, ms1[i], " @1 thread");
         bench_row *row = &b->rows[b->n_rows - 1];
         row->gb_s = 0;
-        snprintf(row->note, sizeof(row->note), "the %s row at 1 thread: %d threads (-tb) are %.2fx faster (ideal %.2fx)",
+        snprintf(row->note, sizeof(row->note),
+                 "the %s row at 1 thread; speed at %d threads (-tb) / at 1 thread: %.2fx (ideal %.2fx)",
                  i == 0 ? "pp" : i == 1 ? "verify" : "multi-sequence verify", tb, ms1[i] / ms[i], (double)tb);
     }
     return ok;

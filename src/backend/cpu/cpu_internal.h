@@ -115,6 +115,13 @@ void cpu_kernels_select(cpu_kernels *k, uint32_t features);
 void cpu_kernels_init_ref(cpu_kernels *k);
 void cpu_kernels_init_avx2(cpu_kernels *k);   /* requires BACKEND_CPU_FEATURE_AVX2 */
 void cpu_kernels_init_avx512(cpu_kernels *k); /* requires AVX512 + AVX512_VNNI */
+/* The AVX-512 matmul kernels of F32 / F16 / BF16 weights (cpu_gemm_float_avx512.c). */
+void cpu_mm_f32_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                       int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_f16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                       int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_bf16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                        int64_t ds, int64_t o0, int64_t o1);
 /* Feature bits this CPU has (backend_cpu_feature). */
 uint32_t cpu_features_detect(void);
 

@@ -59,11 +59,19 @@ static void act_row_f32_512(cpu_act *act, int64_t r, const float *x) {
     memcpy(act->f + r * act->n_in, x, (size_t)act->n_in * sizeof(float));
 }
 
-/* Q8_0: the 32 values of one block -> 32 int8 (q = round_half_even(x * 127 / amax)), d, -sum. */
+/* Q8_0: the 32 values of one block -> 32 int8 (q = round_half_even(x * 127 / amax)), d, -sum; a
+ * block with a NaN / Inf: q = 0, d = NaN (as cpu_act_row_q8_0_ref). */
 T512 INL void q8_0_block_512(const float *xb, int8_t *q, float *d, int32_t *ns) {
     const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1), inf = _mm512_set1_ps(INFINITY);
+    if (_mm512_cmp_ps_mask(a0, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(a1, inf, _CMP_NLT_UQ)) {
+        memset(q, 0, QK8_0);
+        *d = NAN;
+        *ns = 0;
+        return;
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+    const float id = amax >= CPU_Q8_0_AMAX_MIN ? 127.0f / amax : 0.0f;
     *d = fp16_to_fp32(fp32_to_fp16(amax / 127.0f));
     const __m512 m = _mm512_set1_ps(id);
     const __m512i i0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v0, m), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

@@ -10,7 +10,10 @@
  * activation vector of the 16 registers. Cache blocking as in cpu_gemm_float_avx512.c: a group of
  * FG2_OB weight rows against one row tile at a time over blocks of FG2_KC inputs, so the row tile's
  * activations stay in L1 while the group's weights stream from L2; accumulators of the group's
- * tiles wait in a small buffer between input blocks (the chains continue unchanged). */
+ * tiles wait in a small buffer between input blocks (the chains continue unchanged).
+ * Measured (Zen 5 forced to AVX2, one core, thread CPU time): 16-512 rows 45-60 -> 70-87 GFLOP/s
+ * against the previous 1 weight row x 8 activation rows loop (the FMA peak with 256-bit vectors
+ * is ~112). */
 #include "backend/cpu/cpu_internal.h"
 #include "base/fp16.h"
 

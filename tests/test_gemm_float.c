@@ -10,6 +10,7 @@
  * Reference tolerance: |y - y_ref| <= 2^-23 * (n_in / 8 + 16) * sum_i |w_i x_i| (f32 rounding of an
  * FMA chain of n_in / 16 (AVX-512) or n_in / 8 + 7 (AVX2) terms and a 4-level sum; y_ref in f64). */
 #include "test.h"
+#include "test_backend_util.h"
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_internal.h"
@@ -20,43 +21,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- helpers (small copies of test_backend_ops.c's) ---------------------------------------- */
+/* ---- helpers (rng, feature levels: test_backend_util.h) ----------------------------------- */
 
-typedef struct gf_rng {
-    uint64_t s;
-} gf_rng;
-
-static uint32_t gf_u32(gf_rng *r) {
-    r->s = r->s * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(r->s >> 33);
-}
-
-/* uniform in [-1, 1) */
-static float gf_f(gf_rng *r) { return (float)gf_u32(r) / 2147483648.0f - 1.0f; }
-
-static const char *const k_levels[3] = {"scalar", "avx2", "avx512"};
-
+/* The kernel set of a feature level; false if this machine lacks it. */
 static bool gf_level_kernels(int level, cpu_kernels *k) {
-    const uint32_t f = cpu_features_detect();
-    uint32_t use = 0;
-    if (level == 1) {
-        if (!(f & BACKEND_CPU_FEATURE_AVX2)) return false;
-        use = BACKEND_CPU_FEATURE_AVX2;
-    } else if (level == 2) {
-        if (!(f & BACKEND_CPU_FEATURE_AVX512) || !(f & BACKEND_CPU_FEATURE_AVX512_VNNI)) return false;
-        use = f;
-    }
-    cpu_kernels_select(k, use);
+    if (!level_available(level)) return false;
+    cpu_kernels_select(k, cpu_features_detect() & ~level_disable(level));
     return true;
 }
 
 /* A random [n_out, n_in] weight of type (F32, F16 or BF16), values in [-1, 1). */
-static void *gf_weight(gf_rng *r, uint32_t type, int64_t n_in, int64_t n_out, size_t *nb1) {
+static void *gf_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out, size_t *nb1) {
     const size_t es = type == QUANT_TYPE_F32 ? 4 : 2;
     *nb1 = (size_t)n_in * es;
     void *w = malloc(*nb1 * (size_t)n_out);
     for (int64_t i = 0; i < n_in * n_out; i++) {
-        const float v = gf_f(r);
+        const float v = rng_f(r);
         if (type == QUANT_TYPE_F32) {
             ((float *)w)[i] = v;
         } else {
@@ -81,12 +61,12 @@ typedef struct gf_case {
 } gf_case;
 
 /* One case at one level: returns false after reporting the first failure. */
-static bool gf_run_case(test_ctx *t, const cpu_kernels *k, const char *lvl, uint32_t type, gf_rng *r, gf_case c) {
+static bool gf_run_case(test_ctx *t, const cpu_kernels *k, const char *lvl, uint32_t type, rng *r, gf_case c) {
     const int64_t n_in = c.n_in, n_out = c.n_out, rows = c.rows;
     size_t nb1;
     void *w = gf_weight(r, type, n_in, n_out, &nb1);
     float *x = malloc(sizeof(float) * (size_t)(n_in * rows));
-    for (int64_t i = 0; i < n_in * rows; i++) x[i] = gf_f(r) * (gf_u32(r) % 29 == 0 ? 8.0f : 1.0f);
+    for (int64_t i = 0; i < n_in * rows; i++) x[i] = rng_f(r) * (rng_u32(r) % 29 == 0 ? 8.0f : 1.0f);
     const size_t ab = cpu_act_bytes(CPU_DOT_F32, n_in, rows);
     void *mem = aligned_alloc(64, ab), *mem_ref = aligned_alloc(64, ab);
     cpu_act act, act_ref;
@@ -160,14 +140,14 @@ TEST(gemm_float_awkward_sizes_vs_ref_and_batch_invariant) {
         cpu_kernels k;
         if (!gf_level_kernels(level, &k)) continue;
         for (size_t ti = 0; ti < sizeof(k_float_types) / sizeof(k_float_types[0]); ti++) {
-            gf_rng r = {1000 + 7 * (uint64_t)ti};
+            rng r = {1000 + 7 * (uint64_t)ti};
             bool ok = true;
             for (size_t a = 0; a < sizeof(n_ins) / sizeof(n_ins[0]) && ok; a++) {
                 for (size_t b = 0; b < sizeof(n_outs) / sizeof(n_outs[0]) && ok; b++) {
                     for (size_t c = 0; c < sizeof(rowss) / sizeof(rowss[0]) && ok; c++) {
                         /* the largest rows only with the largest rows' partner sizes (time) */
                         if (rowss[c] == 130 && n_ins[a] == 1000 && n_outs[b] > 13) continue;
-                        ok = gf_run_case(t, &k, k_levels[level], k_float_types[ti], &r,
+                        ok = gf_run_case(t, &k, k_level_names[level], k_float_types[ti], &r,
                                          (gf_case){n_ins[a], n_outs[b], rowss[c]});
                     }
                 }
@@ -184,9 +164,9 @@ TEST(gemm_float_long_rows_across_input_blocks) {
         cpu_kernels k;
         if (!gf_level_kernels(level, &k)) continue;
         for (size_t ti = 0; ti < sizeof(k_float_types) / sizeof(k_float_types[0]); ti++) {
-            gf_rng r = {77 + (uint64_t)ti};
+            rng r = {77 + (uint64_t)ti};
             for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-                if (!gf_run_case(t, &k, k_levels[level], k_float_types[ti], &r, cases[c])) break;
+                if (!gf_run_case(t, &k, k_level_names[level], k_float_types[ti], &r, cases[c])) break;
             }
         }
     }
@@ -197,9 +177,9 @@ TEST(gemm_float_long_rows_across_input_blocks) {
 TEST(gemm_q8_0_quantizer_nonfinite_and_tiny) {
     enum { N_IN = 160, N_OUT = 5, ROWS = 4 }; /* 5 blocks (one group, padded to 16) */
     float x[ROWS][N_IN];
-    gf_rng r = {4242};
+    rng r = {4242};
     for (int i = 0; i < ROWS; i++)
-        for (int j = 0; j < N_IN; j++) x[i][j] = gf_f(&r);
+        for (int j = 0; j < N_IN; j++) x[i][j] = rng_f(&r);
     x[1][32 + 5] = NAN;               /* row 1: block 1 has a NaN */
     x[2][64 + 0] = INFINITY;          /* row 2: block 2 has +Inf, block 3 -Inf */
     x[2][96 + 31] = -INFINITY;
@@ -211,7 +191,7 @@ TEST(gemm_q8_0_quantizer_nonfinite_and_tiny) {
     for (int o = 0; o < N_OUT; o++) {
         for (int b = 0; b < N_IN / QK8_0; b++) {
             w[o][b].d = fp32_to_fp16(0.01f + 0.001f * (float)b);
-            for (int j = 0; j < QK8_0; j++) w[o][b].qs[j] = (int8_t)((int)(gf_u32(&r) % 255) - 127);
+            for (int j = 0; j < QK8_0; j++) w[o][b].qs[j] = (int8_t)((int)(rng_u32(&r) % 255) - 127);
         }
     }
     const bool bad_block[ROWS][5] = {{0}, {0, 1, 0, 0, 0}, {0, 0, 1, 1, 0}, {0}};
@@ -227,7 +207,7 @@ TEST(gemm_q8_0_quantizer_nonfinite_and_tiny) {
     for (int level = 0; level < 3; level++) {
         cpu_kernels k;
         if (!gf_level_kernels(level, &k)) continue;
-        const char *lvl = k_levels[level];
+        const char *lvl = k_level_names[level];
         cpu_act a;
         cpu_act_layout(&a, CPU_DOT_Q8_0, N_IN, ROWS, mem);
         for (int i = 0; i < ROWS; i++) k.act_row[QUANT_TYPE_Q8_0](&a, i, x[i]);

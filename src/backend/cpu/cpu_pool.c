@@ -42,6 +42,9 @@ typedef struct pool_worker {
     struct cpu_pool *pool;
     int ith;
     pthread_t thread;
+#ifdef DFL_TEST_HOOKS
+    atomic_bool held; /* test hook: the worker takes no share (as if never scheduled) */
+#endif
 } pool_worker;
 
 struct cpu_pool {
@@ -101,6 +104,9 @@ static void *pool_worker_main(void *arg) {
         seen = pool_wait_job(p, seen);
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
         const int nth = (int)(seen & (((uint_fast64_t)1 << POOL_NTH_BITS) - 1));
+#ifdef DFL_TEST_HOOKS
+        if (atomic_load_explicit(&w->held, memory_order_relaxed)) continue;
+#endif
         if (w->ith >= nth || !pool_claim(w, seen >> POOL_NTH_BITS)) continue;
         p->fn(p->ctx, w->ith, nth);
         atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
@@ -160,6 +166,9 @@ cpu_pool *cpu_pool_new(int n_threads, dfl_error *err) {
         p->workers[i].pool = p;
         p->workers[i].ith = i + 1;
         atomic_init(&p->workers[i].claim, 0);
+#ifdef DFL_TEST_HOOKS
+        atomic_init(&p->workers[i].held, false);
+#endif
         if (pthread_create(&p->workers[i].thread, NULL, pool_worker_main, &p->workers[i]) != 0) {
             error_set(err, DFL_ERR_INTERNAL, "thread pool: cannot create thread %d of %d", i + 2, n_threads);
             cpu_pool_free(p);
@@ -188,6 +197,12 @@ void cpu_pool_free(cpu_pool *p) {
 }
 
 int cpu_pool_size(const cpu_pool *p) { return p->n_threads; }
+
+#ifdef DFL_TEST_HOOKS
+void cpu_pool_test_hold(cpu_pool *p, int ith, bool on) {
+    if (ith >= 1 && ith < p->n_threads) atomic_store_explicit(&p->workers[ith - 1].held, on, memory_order_relaxed);
+}
+#endif
 
 void cpu_pool_run(cpu_pool *p, int nth, cpu_pool_fn fn, void *ctx) {
     DFL_ASSERT(nth >= 1 && nth <= p->n_threads);

@@ -22,5 +22,10 @@ int cpu_pool_size(const cpu_pool *pool);
 /* Runs fn(ctx, ith, nth) once for each ith in [0, nth) (1 <= nth <= size), on up to nth threads,
  * and returns when all are done (their writes visible to the caller). */
 void cpu_pool_run(cpu_pool *pool, int nth, cpu_pool_fn fn, void *ctx);
+#ifdef DFL_TEST_HOOKS
+#include <stdbool.h>
+/* Test hook: worker ith (1 <= ith < size) takes no share while on (as if it were never scheduled). */
+void cpu_pool_test_hold(cpu_pool *pool, int ith, bool on);
+#endif
 
 #endif

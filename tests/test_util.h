@@ -5,6 +5,7 @@
 
 #include "test.h"
 #include "dflash.h"
+#include "speculative/session.h"
 
 /* Runs `dflash make-test-model -o DIR ARGS`; DIR is created in the test's temp dir. Fills
  * target/drafter paths. Returns true on success (a failure is reported on t). */
@@ -44,5 +45,19 @@ void tu_oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
  * [n_rows][n_cols] (row-major; ids past n_cols are ignored). With exact, a row of fewer than n_cols
  * ids is an error. *n_res = rows parsed (at most n_rows). False on bad syntax. */
 bool tu_parse_results(const char *json, int32_t *res, int n_rows, int n_cols, bool exact, int *n_res);
+
+/* A target + drafter pair with their contexts (f32 KV, so that comparisons with the float64
+ * reference are tight; 1 thread, n_ctx 256, n_ubatch 16) and a speculative session. */
+typedef struct tu_pair {
+    dfl_model *target, *drafter;
+    dfl_context *tctx, *dctx;
+    spec_session *spec;
+} tu_pair;
+/* Loads the pair: the target context takes batches and outputs of n_batch, the drafter's batches
+ * of drafter_n_batch (0: its default); sp NULL = spec_default_params(). False (reported on t) on
+ * failure; tu_pair_close is needed either way. */
+bool tu_pair_open(test_ctx *t, tu_pair *p, const char *tpath, const char *dpath, int n_seq, int64_t n_batch,
+                  int64_t drafter_n_batch, const spec_params *sp, dfl_device device);
+void tu_pair_close(tu_pair *p);
 
 #endif

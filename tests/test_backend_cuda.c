@@ -15,6 +15,7 @@
  * against the asynchronous CPU backend (so the test code itself is exercised) and then skip with
  * the reason; the end-to-end tests (test_cuda_model.c) skip. tools/device-check.sh runs them on a GPU. */
 #include "test.h"
+#include "test_backend_util.h"
 #include "test_util.h"
 #include "test_views.h"
 
@@ -85,101 +86,6 @@ static void env_close(test_ctx *t, cu_env *e) {
         char msg[1024];
         snprintf(msg, sizeof(msg), "no CUDA device (%s): the harness ran against the CPU backend only", e->why);
         test_skip(t, msg);
-    }
-}
-
-/* ---- random data ------------------------------------------------------------------------------ */
-
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static uint32_t rng_u32(rng *r) {
-    r->s = r->s * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(r->s >> 33);
-}
-
-static float rng_f(rng *r) { return (float)rng_u32(r) / 2147483648.0f - 1.0f; } /* [-1, 1) */
-
-static void fill_f32(rng *r, float *x, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) {
-        float v = rng_f(r) * scale;
-        if (rng_u32(r) % 97 == 0) v *= 8.0f;
-        x[i] = v;
-    }
-}
-
-static uint16_t rand_f16(rng *r, float lo, float hi) { return fp32_to_fp16(lo + (rng_f(r) + 1.0f) * 0.5f * (hi - lo)); }
-
-/* Random bytes for a [n_in, n_out] weight of `type` at w (every block field random, scales sane). */
-static void fill_weight(rng *r, uint32_t type, uint8_t *w, int64_t n_in, int64_t n_out) {
-    const size_t row = quant_row_size(type, n_in);
-    for (int64_t o = 0; o < n_out; o++) {
-        uint8_t *p = w + (size_t)o * row;
-        switch (type) {
-        case QUANT_TYPE_F32:
-            for (int64_t i = 0; i < n_in; i++) { float v = rng_f(r); memcpy(p + 4 * i, &v, 4); }
-            break;
-        case QUANT_TYPE_F16:
-            for (int64_t i = 0; i < n_in; i++) { uint16_t h = fp32_to_fp16(rng_f(r)); memcpy(p + 2 * i, &h, 2); }
-            break;
-        case QUANT_TYPE_BF16:
-            for (int64_t i = 0; i < n_in; i++) { uint16_t h = fp32_to_bf16(rng_f(r)); memcpy(p + 2 * i, &h, 2); }
-            break;
-        case QUANT_TYPE_Q8_0:
-            for (int64_t b = 0; b < n_in / 32; b++) {
-                block_q8_0 blk;
-                blk.d = rand_f16(r, -0.02f, 0.02f);
-                for (int j = 0; j < 32; j++) blk.qs[j] = (int8_t)rng_u32(r);
-                memcpy(p + b * sizeof(blk), &blk, sizeof(blk));
-            }
-            break;
-        case QUANT_TYPE_Q4_0:
-            for (int64_t b = 0; b < n_in / 32; b++) {
-                block_q4_0 blk;
-                blk.d = rand_f16(r, -0.1f, 0.1f);
-                for (int j = 0; j < 16; j++) blk.qs[j] = (uint8_t)rng_u32(r);
-                memcpy(p + b * sizeof(blk), &blk, sizeof(blk));
-            }
-            break;
-        case QUANT_TYPE_Q4_K:
-            for (int64_t b = 0; b < n_in / 256; b++) {
-                block_q4_K blk;
-                blk.d = rand_f16(r, 0.0005f, 0.004f);
-                blk.dmin = rand_f16(r, 0.0f, 0.004f);
-                for (int j = 0; j < 12; j++) blk.scales[j] = (uint8_t)rng_u32(r);
-                for (int j = 0; j < 128; j++) blk.qs[j] = (uint8_t)rng_u32(r);
-                memcpy(p + b * sizeof(blk), &blk, sizeof(blk));
-            }
-            break;
-        case QUANT_TYPE_Q6_K:
-            for (int64_t b = 0; b < n_in / 256; b++) {
-                block_q6_K blk;
-                for (int j = 0; j < 128; j++) blk.ql[j] = (uint8_t)rng_u32(r);
-                for (int j = 0; j < 64; j++) blk.qh[j] = (uint8_t)rng_u32(r);
-                for (int j = 0; j < 16; j++) blk.scales[j] = (int8_t)rng_u32(r);
-                blk.d = rand_f16(r, -0.0005f, 0.0005f);
-                memcpy(p + b * sizeof(blk), &blk, sizeof(blk));
-            }
-            break;
-        case QUANT_TYPE_Q4_1: case QUANT_TYPE_Q5_0: case QUANT_TYPE_Q5_1: case QUANT_TYPE_IQ4_NL:
-        case QUANT_TYPE_Q2_K: case QUANT_TYPE_Q3_K: case QUANT_TYPE_Q5_K: case QUANT_TYPE_IQ4_XS: {
-            /* random bytes, then sane f16 scales at their offsets (Q2_K / Q3_K keep theirs at the end) */
-            const quant_type_info *ti = quant_type_get(type);
-            for (size_t i = 0; i < row; i++) p[i] = (uint8_t)rng_u32(r);
-            for (int64_t b = 0; b < n_in / ti->blck_size; b++) {
-                uint8_t *blk = p + (size_t)b * ti->type_size;
-                const size_t off = type == QUANT_TYPE_Q2_K ? 80 : type == QUANT_TYPE_Q3_K ? 108 : 0;
-                const bool two = type == QUANT_TYPE_Q4_1 || type == QUANT_TYPE_Q5_1 || type == QUANT_TYPE_Q2_K ||
-                                 type == QUANT_TYPE_Q5_K;
-                const uint16_t h[2] = {rand_f16(r, 0.0002f, 0.01f), rand_f16(r, 0.0f, 0.01f)};
-                memcpy(blk + off, h, two ? 4 : 2);
-            }
-            break;
-        }
-        default:
-            DFL_ASSERT(0 && "fill_weight: type");
-        }
     }
 }
 
@@ -496,12 +402,8 @@ TEST(cuda_op_rejects_host_memory) {
 
 /* ---- matmul --------------------------------------------------------------------------------------- */
 
-static const uint32_t k_types[] = {QUANT_TYPE_F32,  QUANT_TYPE_F16,  QUANT_TYPE_BF16,   QUANT_TYPE_Q8_0,
-                                   QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K,   QUANT_TYPE_Q4_1,
-                                   QUANT_TYPE_Q5_0, QUANT_TYPE_Q5_1, QUANT_TYPE_IQ4_NL, QUANT_TYPE_Q2_K,
-                                   QUANT_TYPE_Q3_K, QUANT_TYPE_Q5_K, QUANT_TYPE_IQ4_XS};
-
-static double mm_budget(uint32_t type) {
+/* the GPU rounds f32 sums in another order: twice the CPU budget for f32 */
+static double cu_mm_budget(uint32_t type) {
     switch (type) {
     case QUANT_TYPE_F32: return 2e-6;
     case QUANT_TYPE_F16: return 7e-4;
@@ -536,7 +438,7 @@ static void mm_make(mm_layout *L, rng *r, uint32_t type, int64_t n_in, int64_t n
 }
 
 /* N[r][o] = sum_i |w_o,i| * max_i |x_r,i| */
-static double *mm_norms(const mm_layout *L) {
+static double *cu_mm_norms(const mm_layout *L) {
     const tensor *w = &L->op.src[0];
     const int64_t n_in = w->ne[0], n_out = w->ne[1], n_rows = L->op.src[1].ne[1];
     double *N = malloc((size_t)(n_out * n_rows) * sizeof(double));
@@ -572,8 +474,8 @@ TEST(cuda_op_matmul_vs_ref) {
         {512, 1000, 1, 0}, {256, 33, 33, 0}, {256, 64, 64, 0}, {512, 40, 70, 0},
     };
     static const int64_t cases1[][4] = {{7, 5, 3, 0}, {33, 3, 1, 1}, {17, 19, 66, 0}};
-    for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
-        const uint32_t type = k_types[ti];
+    for (size_t ti = 0; ti < sizeof(k_mm_types) / sizeof(k_mm_types[0]); ti++) {
+        const uint32_t type = k_mm_types[ti];
         const int64_t bs = quant_type_get(type)->blck_size;
         for (int set = 0; set < 3; set++) {
             const int64_t(*cases)[4] = set == 0 ? cases32 : set == 1 ? cases256 : cases1;
@@ -587,7 +489,7 @@ TEST(cuda_op_matmul_vs_ref) {
                 const int64_t n_in = cases[ci][0], n_out = cases[ci][1], n_rows = cases[ci][2], pad = cases[ci][3];
                 mm_layout L;
                 mm_make(&L, &r, type, n_in, n_out, n_rows, pad);
-                double *N = mm_norms(&L);
+                double *N = cu_mm_norms(&L);
                 char what[160];
                 snprintf(what, sizeof(what), "matmul %s [%lld -> %lld] x %lld rows (pad %lld)", quant_type_get(type)->name,
                          (long long)n_in, (long long)n_out, (long long)n_rows, (long long)pad);
@@ -597,9 +499,9 @@ TEST(cuda_op_matmul_vs_ref) {
                     const size_t off = (size_t)((uint8_t *)L.op.dst.data - L.b.mem);
                     const float *y = (const float *)(got + off), *yr = (const float *)(ref + off);
                     for (int64_t i = 0; i < n_out * n_rows; i++) {
-                        if (!isfinite(y[i]) || fabs((double)y[i] - (double)yr[i]) > mm_budget(type) * N[i]) {
+                        if (!isfinite(y[i]) || fabs((double)y[i] - (double)yr[i]) > cu_mm_budget(type) * N[i]) {
                             test_fail(t, __FILE__, __LINE__, "%s: out %lld: %.8g vs ref %.8g (budget %.3g)", what,
-                                      (long long)i, y[i], yr[i], mm_budget(type) * N[i]);
+                                      (long long)i, y[i], yr[i], cu_mm_budget(type) * N[i]);
                             break;
                         }
                     }
@@ -631,7 +533,7 @@ TEST(cuda_op_matmul_chunked_prompt) {
 #endif
             mm_layout L;
             mm_make(&L, &r, types[ti], n_in, n_out, n_rows, ci == 1 ? 5 : 0);
-            double *N = mm_norms(&L);
+            double *N = cu_mm_norms(&L);
             char what[160];
             snprintf(what, sizeof(what), "matmul %s [%lld -> %lld] x %lld rows, chunks of %lld rows",
                      quant_type_get(types[ti])->name, (long long)n_in, (long long)n_out, (long long)n_rows,
@@ -667,8 +569,8 @@ TEST(cuda_op_matmul_batch_invariance) {
     rng r = {77};
     static const int64_t dims[][2] = {{512, 80}, {4096, 48}};
     static const int64_t rows[] = {1, 2, 3, 7, 16, 17, 31, 33, 64};
-    for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
-        const uint32_t type = k_types[ti];
+    for (size_t ti = 0; ti < sizeof(k_mm_types) / sizeof(k_mm_types[0]); ti++) {
+        const uint32_t type = k_mm_types[ti];
         for (size_t di = 0; di < 2; di++) {
             const int64_t n_in = dims[di][0], n_out = dims[di][1];
             mm_layout L;
@@ -930,18 +832,18 @@ static void light_rows(test_ctx *t, backend *be, rng *r) {
     backend_op op = mkop(BACKEND_OP_SET_ROWS, cols, &ts, &ti);
     check_op(t, be, &op, &b, "set_rows into columns", true, 0, 0);
     /* get_rows of every weight type (repeated and reversed indices) */
-    for (size_t k = 0; k < sizeof(k_types) / sizeof(k_types[0]); k++) {
+    for (size_t k = 0; k < sizeof(k_mm_types) / sizeof(k_mm_types[0]); k++) {
         const int64_t ne0 = 512, rows = 9;
-        uint8_t *w = tv_arena_take(&b, quant_row_size(k_types[k], ne0) * rows);
-        fill_weight(r, k_types[k], w, ne0, rows);
+        uint8_t *w = tv_arena_take(&b, quant_row_size(k_mm_types[k], ne0) * rows);
+        fill_weight(r, k_mm_types[k], w, ne0, rows);
         int32_t *idx = tv_arena_take(&b, 6 * 4);
         const int32_t iv[6] = {8, 0, 3, 3, 7, 1};
         memcpy(idx, iv, sizeof(iv));
         float *out = tv_arena_take(&b, (size_t)(ne0 * 6) * 4);
-        tensor tw = tensor_2d(k_types[k], w, ne0, rows), tix = tensor_1d(QUANT_TYPE_I32, idx, 6);
+        tensor tw = tensor_2d(k_mm_types[k], w, ne0, rows), tix = tensor_1d(QUANT_TYPE_I32, idx, 6);
         op = mkop(BACKEND_OP_GET_ROWS, tensor_2d(QUANT_TYPE_F32, out, ne0, 6), &tw, &tix);
         char what[64];
-        snprintf(what, sizeof(what), "get_rows %s", quant_type_get(k_types[k])->name);
+        snprintf(what, sizeof(what), "get_rows %s", quant_type_get(k_mm_types[k])->name);
         check_op(t, be, &op, &b, what, false, 1e-7, 1e-6);
     }
     tv_arena_free(&b);

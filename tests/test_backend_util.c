@@ -95,10 +95,8 @@ uint16_t rand_f16(rng *r, float lo, float hi) {
 }
 
 /* A [n_in, n_out] weight of type `type` with random content (all block fields random). */
-void *make_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out) {
+void fill_weight(rng *r, uint32_t type, uint8_t *w, int64_t n_in, int64_t n_out) {
     const size_t row = quant_row_size(type, n_in);
-    uint8_t *w = malloc(row * (size_t)n_out + 64);
-    DFL_ASSERT(w != NULL);
     for (int64_t o = 0; o < n_out; o++) {
         uint8_t *p = w + (size_t)o * row;
         switch (type) {
@@ -173,9 +171,15 @@ void *make_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out) {
             break;
         }
         default:
-            DFL_ASSERT(0 && "make_weight: type");
+            DFL_ASSERT(0 && "fill_weight: type");
         }
     }
+}
+
+void *make_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out) {
+    uint8_t *w = malloc(quant_row_size(type, n_in) * (size_t)n_out + 64);
+    DFL_ASSERT(w != NULL);
+    fill_weight(r, type, w, n_in, n_out);
     return w;
 }
 

@@ -37,7 +37,9 @@ void run_op(backend *be, const backend_op *op);
 bool close_enough(test_ctx *t, const char *what, const float *a, const float *b, int64_t n, double tol_abs,
                   double tol_rel);
 
-/* A [n_in, n_out] weight of type `type` with random content (all block fields random); free() it. */
+/* Random content for a [n_in, n_out] weight of `type` at w (every block field random, scales sane). */
+void fill_weight(rng *r, uint32_t type, uint8_t *w, int64_t n_in, int64_t n_out);
+/* The same in a new malloc'd array (free() it). */
 void *make_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out);
 /* every matmul weight type */
 extern const uint32_t k_mm_types[15];

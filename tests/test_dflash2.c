@@ -30,7 +30,8 @@ static bool d2_open_p(test_ctx *t, d2pair *p, const char *tpath, const char *dpa
     spec_params sp = spec_default_params();
     sp.n_draft = n_draft;
     sp.draft_p_min = p_min;
-    return tu_pair_open(t, p, tpath, dpath, n_seq, 64, 32, &sp, DFL_DEVICE_CPU);
+    const tu_pair_params pp = {.n_seq = n_seq, .n_batch = 64, .drafter_n_batch = 32, .kv_f32 = true, .sp = &sp};
+    return tu_pair_open(t, p, tpath, dpath, &pp);
 }
 
 static bool d2_open(test_ctx *t, d2pair *p, const char *tpath, const char *dpath, int n_seq, int n_draft) {

@@ -31,7 +31,8 @@ static void dpair_close(dpair *p) { tu_pair_close(p); }
 
 static bool dpair_open_on(test_ctx *t, dpair *p, const char *tp, const char *dp, int n_seq, const spec_params *sp0,
                           dfl_device device) {
-    return tu_pair_open(t, p, tp, dp, n_seq, 128, 0, sp0, device);
+    const tu_pair_params pp = {.n_seq = n_seq, .n_batch = 128, .kv_f32 = true, .device = device, .sp = sp0};
+    return tu_pair_open(t, p, tp, dp, &pp);
 }
 
 static bool dpair_open(test_ctx *t, dpair *p, const char *tp, const char *dp, int n_seq, const spec_params *sp0) {

@@ -46,18 +46,25 @@ void tu_oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
  * ids is an error. *n_res = rows parsed (at most n_rows). False on bad syntax. */
 bool tu_parse_results(const char *json, int32_t *res, int n_rows, int n_cols, bool exact, int *n_res);
 
-/* A target + drafter pair with their contexts (f32 KV, so that comparisons with the float64
- * reference are tight; 1 thread, n_ctx 256, n_ubatch 16) and a speculative session. */
+/* A target + drafter pair with their contexts (1 thread, n_ctx 256, n_ubatch 16, so prompts
+ * cross micro-batches), a speculative session and optionally a reference context (the target
+ * alone, one sequence). */
 typedef struct tu_pair {
     dfl_model *target, *drafter;
-    dfl_context *tctx, *dctx;
+    dfl_context *tctx, *dctx, *rctx; /* target, drafter, reference (NULL unless asked for) */
     spec_session *spec;
 } tu_pair;
-/* Loads the pair: the target context takes batches and outputs of n_batch, the drafter's batches
- * of drafter_n_batch (0: its default); sp NULL = spec_default_params(). False (reported on t) on
- * failure; tu_pair_close is needed either way. */
-bool tu_pair_open(test_ctx *t, tu_pair *p, const char *tpath, const char *dpath, int n_seq, int64_t n_batch,
-                  int64_t drafter_n_batch, const spec_params *sp, dfl_device device);
+typedef struct tu_pair_params {
+    int n_seq;
+    int64_t n_batch;         /* target batches and outputs */
+    int64_t drafter_n_batch; /* 0: the drafter context's default */
+    bool kv_f32;             /* f32 KV caches (tight comparisons with the float64 reference) */
+    bool ref_ctx;            /* also open rctx */
+    dfl_device device;
+    const spec_params *sp;   /* NULL: spec_default_params() */
+} tu_pair_params;
+/* Loads and opens the pair; false (reported on t) on failure; tu_pair_close is needed either way. */
+bool tu_pair_open(test_ctx *t, tu_pair *p, const char *tpath, const char *dpath, const tu_pair_params *pp);
 void tu_pair_close(tu_pair *p);
 
 #endif

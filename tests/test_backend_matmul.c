@@ -284,7 +284,7 @@ TEST(backend_matmul_argmax_fused) {
  * speculative verify batch must reproduce single-token decoding bit for bit). */
 TEST(backend_matmul_batch_invariant) {
     rng r = {2024};
-    /* n_in 4096: a row block of the matmul driver is 32 (f32 activations) or 96 (int8) rows, so
+    /* n_in 4096: a row block of the matmul driver is 128 (f32 activations) or 96 (int8) rows, so
      * 140 rows cross several row blocks */
     enum { N_IN = 4096, N_OUT = 67, N_ROWS = 140 };
     static float x[N_IN * N_ROWS], y_all[N_OUT * N_ROWS], y_one[N_OUT];

@@ -62,14 +62,20 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
         op_get_rows(q, x_out, x, rows);
         op_rmsnorm(q, x_out, x_out, &ctx->w.output_norm, hp->norm_eps);
         tensor logits = tensor_rows(&s->logits, 0, n_out);           /* [n_vocab, n_out] */
-        op_matmul(q, logits, ctx->w.output, x_out);
         if (ctx->argmax_only) {
             /* greedy verification: n_out ids instead of n_out x n_vocab floats (the token ids of
-             * s->ids were consumed by the embedding above, on this queue) */
+             * s->ids were consumed by the embedding above, on this queue); where the backend has
+             * it, the fused head (the same ids, no logits written, one op) */
             tensor amax = fwd_vec_head(&s->ids, n_out);                  /* [n_out] i32 */
-            op_argmax(q, amax, logits);
+            if (backend_get_caps(ctx->be).matmul_argmax) {
+                op_matmul_argmax(q, amax, ctx->w.output, x_out, 1.0f);
+            } else {
+                op_matmul(q, logits, ctx->w.output, x_out);
+                op_argmax(q, amax, logits);
+            }
             op_read(q, ctx->argmax_ids + n_out_before, amax, (size_t)n_out * sizeof(int32_t));
         } else {
+            op_matmul(q, logits, ctx->w.output, x_out);
             op_read(q, ctx->logits + (size_t)n_out_before * (size_t)ctx->n_vocab, logits,
                     (size_t)n_out * (size_t)ctx->n_vocab * sizeof(float));
         }

@@ -2,7 +2,9 @@
  * dot type; the activation rows are converted to it once per matmul, exactly as llama.cpp's x86
  * build does, so that the integer dot products see the same values:
  * - Q8_0 (for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL weights): per 32 values amax, d = amax / 127 stored as f16,
- *   q = round_half_even(x * (127 / amax)) (ggml's AVX quantize_row_q8_0).
+ *   q = round_half_even(x * (127 / amax)) (ggml's AVX quantize_row_q8_0). Not in ggml: a block with a NaN
+ *   or Inf gets d = NaN, q = 0 (its dot products are NaN, which the context reports), and a block
+ *   with amax < CPU_Q8_0_AMAX_MIN gets q = 0 (its f16 d is 0 anyway; 127 / amax would overflow).
  * - Q8_K (for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights): per 256 values max = the value of largest magnitude (first),
  *   iscale = -127 / max, q = min(127, nearest_int(iscale * x)), d = 1 / iscale (f32), and the sums
  *   of each 16 q (ggml's quantize_row_q8_K_ref, which x86 uses).
@@ -101,9 +103,19 @@ void cpu_act_row_q8_0_ref(cpu_act *act, int64_t r, const float *x) {
         }
         const float *xb = x + b * QK8_0;
         float amax = 0.0f;
-        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        bool bad = false;
+        for (int j = 0; j < QK8_0; j++) {
+            amax = fmaxf(amax, fabsf(xb[j]));
+            bad |= !isfinite(xb[j]);
+        }
+        if (bad) { /* a NaN / Inf input: the block's scale is NaN, so every dot with it is NaN */
+            for (int j = 0; j < QK8_0; j++) qs[cpu_q8_0_offset(b * QK8_0 + j)] = 0;
+            d[b] = NAN;
+            ns[b] = 0;
+            continue;
+        }
         const float db = amax / 127.0f;
-        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const float id = amax >= CPU_Q8_0_AMAX_MIN ? 127.0f / amax : 0.0f;
         d[b] = fp16_to_fp32(fp32_to_fp16(db));
         int32_t sum = 0;
         for (int j = 0; j < QK8_0; j++) {

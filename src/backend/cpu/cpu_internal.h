@@ -29,6 +29,11 @@ static inline int64_t cpu_q8_0_row_pad(int64_t n_in) {
     return (n_in + CPU_Q8_0_GROUP_VALUES - 1) / CPU_Q8_0_GROUP_VALUES * CPU_Q8_0_GROUP_VALUES;
 }
 
+/* Q8_0 activation blocks with amax below this get q = 0 (d = amax / 127 rounds to f16 0 for all of
+ * them, so nothing changes, and 127 / amax stays finite); blocks with a NaN / Inf get d = NaN, q = 0
+ * (cpu_act.c, the same in every quantizer). */
+#define CPU_Q8_0_AMAX_MIN 0x1p-100f
+
 /* Byte offset of value i of a Q8_0 activation row in the transposed layout. */
 static inline int64_t cpu_q8_0_offset(int64_t i) {
     const int64_t b = i / QK8_0, w = i % QK8_0;
@@ -115,6 +120,20 @@ void cpu_kernels_select(cpu_kernels *k, uint32_t features);
 void cpu_kernels_init_ref(cpu_kernels *k);
 void cpu_kernels_init_avx2(cpu_kernels *k);   /* requires BACKEND_CPU_FEATURE_AVX2 */
 void cpu_kernels_init_avx512(cpu_kernels *k); /* requires AVX512 + AVX512_VNNI */
+/* The AVX2 / AVX-512 matmul kernels of F32 / F16 / BF16 weights (cpu_gemm_float_avx2.c,
+ * cpu_gemm_float_avx512.c). */
+void cpu_mm_f32_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                     int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_f16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                     int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_bf16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                      int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_f32_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                       int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_f16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                       int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_bf16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                        int64_t ds, int64_t o0, int64_t o1);
 /* Feature bits this CPU has (backend_cpu_feature). */
 uint32_t cpu_features_detect(void);
 

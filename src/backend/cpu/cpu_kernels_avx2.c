@@ -9,7 +9,7 @@
  *   nibbles x int8 directly (the -8 offset through the block sums).
  * - Q4_K / Q6_K: one 32-value chunk at a time, vpmaddubsw then vpmaddwd with the sub-block scales,
  *   int32 per super-block; mins / -32 offset through the Q8_K sums of 16.
- * - F32 / F16 / BF16: 8 weights at a time converted to f32, FMA. */
+ * - F32 / F16 / BF16: cpu_gemm_float_avx2.c. */
 #include "backend/cpu/cpu_internal.h"
 #include "base/fp16.h"
 
@@ -128,9 +128,18 @@ T2 static void act_row_q8_0_avx2(cpu_act *act, int64_t r, const float *x) {
                 am = _mm256_max_ps(am, _mm256_andnot_ps(sign, v[i]));
             }
             const float amax = hmax8(am);
-            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-            d[b] = fp16_to_fp32(fp32_to_fp16(amax / 127.0f));
+            /* a NaN / Inf: q = 0, d = NaN (as cpu_act_row_q8_0_ref) */
+            const __m256 inf = _mm256_set1_ps(INFINITY);
+            int bad = 0;
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) bad |= _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, v[i]), inf, _CMP_NLT_UQ));
+            const float id = amax >= CPU_Q8_0_AMAX_MIN ? 127.0f / amax : 0.0f;
+            d[b] = bad ? NAN : fp16_to_fp32(fp32_to_fp16(amax / 127.0f));
             const __m256 m = _mm256_set1_ps(id);
+            if (bad) {
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) v[i] = _mm256_setzero_ps();
+            }
             __m256i iv[4], sum = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
@@ -447,66 +456,7 @@ T2 static void mm_q6_K_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
     }
 }
 
-/* ---- F32 / F16 / BF16 ----------------------------------------------------------------------- */
-
-T2 INL __m256 load_w8(const void *p, int64_t i, const int WT) {
-    switch (WT) {
-    case 0: return _mm256_loadu_ps((const float *)p + i);
-    case 1: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
-    default:
-        return _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
-    }
-}
-
-T2 INL float w_scalar(const void *p, int64_t i, const int WT) {
-    switch (WT) {
-    case 0: return ((const float *)p)[i];
-    case 1: return fp16_to_fp32(((const uint16_t *)p)[i]);
-    default: return bf16_to_fp32(((const uint16_t *)p)[i]);
-    }
-}
-
-T2 INL void f_tile2(const void *wrow, const int WT, const cpu_act *act, int64_t r0, const int NT, float *dst,
-                    int64_t ds, int64_t o) {
-    const int64_t n = act->n_in;
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 wv = load_w8(wrow, i, WT);
-#pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(act->f + (r0 + r) * n + i), acc[r]);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) {
-        float s = hsum8(acc[r]);
-        for (int64_t j = i; j < n; j++) s += w_scalar(wrow, j, WT) * act->f[(r0 + r) * n + j];
-        dst[(r0 + r) * ds + o] = s;
-    }
-}
-
-T2 INL void f_rows2(const void *wrow, const int WT, const cpu_act *act, int64_t rt, int nt, float *dst, int64_t ds,
-                    int64_t o) {
-#define CALL(N) f_tile2(wrow, WT, act, rt, N, dst, ds, o)
-    TILE_SWITCH8(nt, CALL)
-#undef CALL
-}
-
-#define MM_F2(NAME, WT)                                                                                       \
-    T2 static void NAME(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,   \
-                        int64_t ds, int64_t o0, int64_t o1) {                                                 \
-        for (int64_t o = o0; o < o1; o++) {                                                                   \
-            const void *wrow = (const char *)w + (size_t)o * w_nb1;                                          \
-            for (int64_t rt = r0; rt < r0 + nr; rt += 8) {                                                   \
-                f_rows2(wrow, WT, act, rt, r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt), dst, ds, o);          \
-            }                                                                                                 \
-        }                                                                                                     \
-    }
-MM_F2(mm_f32_avx2, 0)
-MM_F2(mm_f16_avx2, 1)
-MM_F2(mm_bf16_avx2, 2)
+/* F32 / F16 / BF16 weights: cpu_gemm_float_avx2.c. */
 
 /* ---- attention helpers ------------------------------------------------------------------------ */
 
@@ -615,9 +565,9 @@ T2 static void softmax_row_avx2(float *p, const float *s, int64_t n) {
 
 void cpu_kernels_init_avx2(cpu_kernels *k) {
     k->name = "avx2";
-    k->matmul[QUANT_TYPE_F32] = mm_f32_avx2;
-    k->matmul[QUANT_TYPE_F16] = mm_f16_avx2;
-    k->matmul[QUANT_TYPE_BF16] = mm_bf16_avx2;
+    k->matmul[QUANT_TYPE_F32] = cpu_mm_f32_avx2;
+    k->matmul[QUANT_TYPE_F16] = cpu_mm_f16_avx2;
+    k->matmul[QUANT_TYPE_BF16] = cpu_mm_bf16_avx2;
     k->matmul[QUANT_TYPE_Q8_0] = mm_q8_0_avx2;
     k->matmul[QUANT_TYPE_Q4_0] = mm_q4_0_avx2;
     k->matmul[QUANT_TYPE_Q4_K] = mm_q4_K_avx2;

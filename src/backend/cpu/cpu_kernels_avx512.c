@@ -13,8 +13,9 @@
  *   32 activation values is broadcast to both halves; vpdpbusd (unsigned 4/6-bit weights x int8)
  *   then vpdpwssd with the integer sub-block scales accumulate a whole super-block exactly in
  *   int32; the Q4_K mins and the Q6_K -32 offset come from the Q8_K sums of 16.
- * - F32 / F16 / BF16: weights converted to f32 16 at a time, FMA with the (f16/bf16-rounded) rows. */
+ * - F32 / F16 / BF16: cpu_gemm_float_avx512.c. */
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_hsum_avx512.h"
 #include "backend/cpu/cpu_ops_ref.h"
 #include "base/fp16.h"
 
@@ -58,11 +59,19 @@ static void act_row_f32_512(cpu_act *act, int64_t r, const float *x) {
     memcpy(act->f + r * act->n_in, x, (size_t)act->n_in * sizeof(float));
 }
 
-/* Q8_0: the 32 values of one block -> 32 int8 (q = round_half_even(x * 127 / amax)), d, -sum. */
+/* Q8_0: the 32 values of one block -> 32 int8 (q = round_half_even(x * 127 / amax)), d, -sum; a
+ * block with a NaN / Inf: q = 0, d = NaN (as cpu_act_row_q8_0_ref). */
 T512 INL void q8_0_block_512(const float *xb, int8_t *q, float *d, int32_t *ns) {
     const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1), inf = _mm512_set1_ps(INFINITY);
+    if (_mm512_cmp_ps_mask(a0, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(a1, inf, _CMP_NLT_UQ)) {
+        memset(q, 0, QK8_0);
+        *d = NAN;
+        *ns = 0;
+        return;
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+    const float id = amax >= CPU_Q8_0_AMAX_MIN ? 127.0f / amax : 0.0f;
     *d = fp16_to_fp32(fp32_to_fp16(amax / 127.0f));
     const __m512 m = _mm512_set1_ps(id);
     const __m512i i0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v0, m), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -141,35 +150,7 @@ T512 static void act_row_q8_K_512(cpu_act *act, int64_t r, const float *x) {
 
 /* ---- horizontal sums, identical bits for a row whatever the tile size ------------------------ */
 
-/* Sum of the 16 lanes of v in the order of hsum16_tree: ((l0 + l2) + (l1 + l3)) inside each 128-bit
- * lane, then (L0 + L1) + (L2 + L3) across lanes (f32 addition is commutative, so the pairing is
- * what fixes the result). */
-T512 INL float hsum16_one(__m512 v) {
-    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));                  /* l ^ 2 */
-    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));                  /* l ^ 1 */
-    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));            /* L ^ 1 */
-    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));            /* L ^ 2 */
-    return _mm512_cvtss_f32(v);
-}
-
-/* Lane r of the result = hsum16_one(a[r]) for r < NT (the other lanes 0), bit for bit. */
-T512 INL __m512 hsum16_tree(const __m512 *a, const int NT) {
-    __m512 s[8], t[4], u[2];
-    const __m512 z = _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        const __m512 x = 2 * i < NT ? a[2 * i] : z, y = 2 * i + 1 < NT ? a[2 * i + 1] : z;
-        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y)); /* [x02 y02 x13 y13] */
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        const __m512d x = _mm512_castps_pd(s[2 * i]), y = _mm512_castps_pd(s[2 * i + 1]);
-        t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    u[0] = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88), _mm512_shuffle_f32x4(t[0], t[1], 0xdd));
-    u[1] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], 0x88), _mm512_shuffle_f32x4(t[2], t[3], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
-}
+/* hsum16_one, hsum16_tree: cpu_hsum_avx512.h (shared with cpu_gemm_float_avx512.c). */
 
 /* dst[(r0 + r) * ds + o] = sum of acc[r], r < NT. */
 T512 INL void store_sums(const __m512 *acc, const int NT, float *dst, int64_t r0, int64_t ds, int64_t o) {
@@ -648,100 +629,7 @@ T512 static void mm_q6_K_512(const void *w, size_t w_nb1, const cpu_act *act, in
     }
 }
 
-/* ---- F32 / F16 / BF16 weights ------------------------------------------------------------------ */
-
-/* 16 weights (the lanes of m) as f32. WT: 0 f32, 1 f16, 2 bf16. */
-T512 INL __m512 load_w16(const void *p, int64_t i, const int WT, __mmask16 m) {
-    switch (WT) {
-    case 0: return _mm512_maskz_loadu_ps(m, (const float *)p + i);
-    case 1: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));
-    default:
-        return _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i)), 16));
-    }
-}
-
-/* 4 weight rows x NT (<= 6) activation rows per step: per 16 inputs, 4 weight vectors (converted
- * once) and NT activation vectors feed 4 * NT FMAs, so the FMA units, not the loads, are the limit
- * (24 accumulators + 4 weights + 1 activation fit the 32 registers). Each (weight row, activation
- * row) pair accumulates over i in the same order as a 1 x 1 tile and is reduced by hsum16_tree, so
- * the result does not depend on the tile (batch invariance). Missing weight rows (no < 4) repeat
- * the last one and are not stored. */
-#define F_WR 4
-#define F_NT 6
-
-/* Stores the sums of accumulators a0 .. a0 + NA - 1 of a 4 x NT tile (a = j * NT + r). */
-T512 INL void f_tile_store(const __m512 *acc, const int NA, const int a0, const int NT, int no, float *dst,
-                           int64_t r0, int64_t ds, int64_t o) {
-    float tmp[16] __attribute__((aligned(64)));
-    _mm512_store_ps(tmp, hsum16_tree(acc, NA));
-#pragma GCC unroll 16
-    for (int a = 0; a < NA; a++) {
-        const int j = (a0 + a) / NT, r = (a0 + a) % NT;
-        if (j < no) dst[(r0 + r) * ds + o + j] = tmp[a];
-    }
-}
-
-T512 INL void f_tile4(const void *w, size_t w_nb1, const int WT, int no, const cpu_act *act, int64_t r0,
-                      const int NT, float *dst, int64_t ds, int64_t o) {
-    const int64_t n = act->n_in;
-    const void *wr[F_WR];
-#pragma GCC unroll 4
-    for (int j = 0; j < F_WR; j++) wr[j] = (const char *)w + (size_t)(o + (j < no ? j : no - 1)) * w_nb1;
-    const float *xr = act->f + r0 * n;
-    __m512 acc[F_WR * F_NT];
-#pragma GCC unroll 24
-    for (int a = 0; a < F_WR * NT; a++) acc[a] = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 wv[F_WR];
-#pragma GCC unroll 4
-        for (int j = 0; j < F_WR; j++) wv[j] = load_w16(wr[j], i, WT, 0xffff);
-#pragma GCC unroll 6
-        for (int r = 0; r < NT; r++) {
-            const __m512 xv = _mm512_loadu_ps(xr + r * n + i);
-#pragma GCC unroll 4
-            for (int j = 0; j < F_WR; j++) acc[j * NT + r] = _mm512_fmadd_ps(wv[j], xv, acc[j * NT + r]);
-        }
-    }
-    if (i < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        __m512 wv[F_WR];
-#pragma GCC unroll 4
-        for (int j = 0; j < F_WR; j++) wv[j] = load_w16(wr[j], i, WT, m);
-#pragma GCC unroll 6
-        for (int r = 0; r < NT; r++) {
-            const __m512 xv = _mm512_maskz_loadu_ps(m, xr + r * n + i);
-#pragma GCC unroll 4
-            for (int j = 0; j < F_WR; j++) acc[j * NT + r] = _mm512_fmadd_ps(wv[j], xv, acc[j * NT + r]);
-        }
-    }
-    /* reduce 16 accumulators at a time; accumulator a = j * NT + r */
-    f_tile_store(acc, F_WR * NT <= 16 ? F_WR * NT : 16, 0, NT, no, dst, r0, ds, o);
-    if (F_WR * NT > 16) f_tile_store(acc + 16, F_WR * NT - 16, 16, NT, no, dst, r0, ds, o);
-}
-
-#define MM_F(NAME, WT)                                                                                         \
-    T512 static void NAME(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,  \
-                          int64_t ds, int64_t o0, int64_t o1) {                                                \
-        for (int64_t o = o0; o < o1; o += F_WR) {                                                              \
-            const int no = o1 - o >= F_WR ? F_WR : (int)(o1 - o);                                              \
-            for (int64_t rt = r0; rt < r0 + nr; rt += F_NT) {                                                  \
-                const int nt = r0 + nr - rt >= F_NT ? F_NT : (int)(r0 + nr - rt);                              \
-                switch (nt) {                                                                                  \
-                case 1: f_tile4(w, w_nb1, WT, no, act, rt, 1, dst, ds, o); break;                              \
-                case 2: f_tile4(w, w_nb1, WT, no, act, rt, 2, dst, ds, o); break;                              \
-                case 3: f_tile4(w, w_nb1, WT, no, act, rt, 3, dst, ds, o); break;                              \
-                case 4: f_tile4(w, w_nb1, WT, no, act, rt, 4, dst, ds, o); break;                              \
-                case 5: f_tile4(w, w_nb1, WT, no, act, rt, 5, dst, ds, o); break;                              \
-                default: f_tile4(w, w_nb1, WT, no, act, rt, 6, dst, ds, o); break;                             \
-                }                                                                                              \
-            }                                                                                                  \
-        }                                                                                                      \
-    }
-MM_F(mm_f32_512, 0)
-MM_F(mm_f16_512, 1)
-MM_F(mm_bf16_512, 2)
+/* F32 / F16 / BF16 weights: cpu_gemm_float_avx512.c. */
 
 /* ---- attention helpers ------------------------------------------------------------------------- */
 
@@ -991,9 +879,9 @@ T512 static void f16_row_512(uint16_t *d, const float *x, int64_t n) {
 
 void cpu_kernels_init_avx512(cpu_kernels *k) {
     k->name = "avx512";
-    k->matmul[QUANT_TYPE_F32] = mm_f32_512;
-    k->matmul[QUANT_TYPE_F16] = mm_f16_512;
-    k->matmul[QUANT_TYPE_BF16] = mm_bf16_512;
+    k->matmul[QUANT_TYPE_F32] = cpu_mm_f32_avx512;
+    k->matmul[QUANT_TYPE_F16] = cpu_mm_f16_avx512;
+    k->matmul[QUANT_TYPE_BF16] = cpu_mm_bf16_avx512;
     k->matmul[QUANT_TYPE_Q8_0] = mm_q8_0_512;
     k->matmul[QUANT_TYPE_Q4_0] = mm_q4_0_512;
     k->matmul[QUANT_TYPE_Q4_K] = mm_q4_K_512;

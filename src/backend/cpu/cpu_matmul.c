@@ -18,6 +18,11 @@
 
 /* Prepared activation bytes of one row block (see the header comment). */
 #define MATMUL_ROW_BLOCK_BYTES (512 * 1024)
+/* F32 / F16 / BF16 weights (f32 activations): their kernels keep one row tile's activations in L1
+ * and stream the weights from L2 (cpu_gemm_float_avx512.c), so a row block need not fit L2; a
+ * larger one reads the weights from L3 / memory fewer times (n_in 3072: 160 rows instead of 32,
+ * measured +20-25% on the AVX-512 kernel at 128-512 rows). */
+#define MATMUL_ROW_BLOCK_BYTES_F32 (2 * 1024 * 1024)
 
 typedef struct matmul_job {
     const backend_op *op;
@@ -89,7 +94,8 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
     job.n_chunks = (n_out + chunk - 1) / chunk;
     /* row blocks: whole multiples of 16 rows (the kernels' row tiles), at least 16 */
     const int64_t row_bytes = (int64_t)cpu_act_bytes(dot, n_in, 1);
-    int64_t rb = MATMUL_ROW_BLOCK_BYTES / (row_bytes > 0 ? row_bytes : 1) / 16 * 16;
+    const int64_t block_bytes = dot == CPU_DOT_F32 ? MATMUL_ROW_BLOCK_BYTES_F32 : MATMUL_ROW_BLOCK_BYTES;
+    int64_t rb = block_bytes / (row_bytes > 0 ? row_bytes : 1) / 16 * 16;
     if (rb < 16) rb = 16;
     job.row_block = rb < n_rows ? rb : n_rows;
     job.n_tiles = (n_rows + job.row_block - 1) / job.row_block * job.n_chunks;

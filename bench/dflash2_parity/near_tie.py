@@ -20,7 +20,7 @@ usage: python3 bench/dflash2_parity/near_tie.py --target T --drafter D
 Modes (each also compared with f64 at position 1): f64 (the reference), f32 (every array f32),
 f16act (f64, but every matmul with an F16 weight sees f16-rounded activations, as both engines'
 CPU kernels and ggml's do), dflash (f16act plus dflash's CPU attention over an f16 cache: q, K, V
-and the probabilities in f16, sums in high precision), llama (f16act plus ggml's CPU flash
+and the probabilities in f16, the P V sum in f32 or wider), llama (f16act plus ggml's CPU flash
 attention over an f16 cache: an online softmax with an f16 V accumulator). A line "NEAR-TIE"
 marks a float64 gap below --tie that decides the draft. Needs numpy; not part of `make check`."""
 
@@ -97,8 +97,9 @@ def _gqa(q, k, v):
 
 
 def attention_dflash(q, k, v, mask=None):
-    """dflash's CPU attention over an f16 cache (src/backend/cpu/cpu_ops_ref.c): q, K, V in f16,
-    an f32 softmax, the probabilities rounded to f16 times V, summed in high precision."""
+    """dflash's CPU attention over an f16 cache (src/backend/cpu/cpu_ops.c, cpu_ops_ref.c): q, K, V
+    in f16, an f32 softmax, the probabilities rounded to f16 times V, summed here in float64 (the
+    kernels sum in f32)."""
     k, v = _gqa(q, r16(k), r16(v))
     q = r16(q)
     s = (np.einsum("qhd,khd->hqk", q, k) / np.sqrt(q.shape[-1])).astype(np.float32).astype(np.float64)

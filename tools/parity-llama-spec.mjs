@@ -14,15 +14,22 @@
 // usage: node tools/parity-llama-spec.mjs --llama PATH/llama-speculative-simple
 //          [-m models/target.gguf] [-md models/drafter.gguf] [--spec-type draft-dflash]
 //          [--draft 7] [-n 64] [--count 10] [--prompts models/spec_eval.json] [-t 2]
-//          [--dflash build/dflash] [--out FILE.md]
+//          [--dflash build/dflash] [--out FILE.md] [--explain PYTHON]
 // Prompts: the first --count held-out prompts of each domain in models/spec_eval.json.
+// --explain PYTHON (a python3 with numpy; DFlash2 drafters): for each prompt whose steps differ,
+// bench/dflash2_parity/near_tie.py prints the float64 reference at the first differing step
+// (dflash's context there): the walk margin and the top-k boundary gap at the first draft
+// position, and whether a near-tie decides the draft; the report quotes it.
 // Exit 0 when every prompt agrees (text and steps), 1 otherwise.
 import { spawnSync } from "node:child_process";
-import { readFileSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 
 const opt = {
     llama: null, m: "models/target.gguf", md: "models/drafter.gguf", type: "draft-dflash", draft: 7, n: 64,
-    count: 10, prompts: "models/spec_eval.json", t: 2, dflash: "build/dflash", out: null,
+    count: 10, prompts: "models/spec_eval.json", t: 2, dflash: "build/dflash", out: null, explain: null,
 };
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
@@ -39,6 +46,7 @@ for (let i = 0; i < argv.length; i++) {
     else if (a === "-t") opt.t = parseInt(take(), 10);
     else if (a === "--dflash") opt.dflash = take();
     else if (a === "--out") opt.out = take();
+    else if (a === "--explain") opt.explain = take();
     else { console.error(`parity: unknown option ${a}`); process.exit(2); }
 }
 if (!opt.llama) { console.error("parity: --llama PATH/llama-speculative-simple is required"); process.exit(2); }
@@ -71,7 +79,23 @@ function runDflash(prompt) {
     const r = spawnSync(opt.dflash, args, { encoding: "utf8", maxBuffer: 1 << 28 });
     if (r.status !== 0) throw new Error(`dflash exited ${r.status}: ${(r.stderr || "").slice(-2000)}`);
     const j = JSON.parse(r.stdout);
-    return { text: j.text, steps: j.steps, n_gen: j.n_gen, ms: j.t_gen_ms, cmd: [opt.dflash, ...args] };
+    return { text: j.text, steps: j.steps, n_gen: j.n_gen, ms: j.t_gen_ms, cmd: [opt.dflash, ...args], json: r.stdout };
+}
+
+// The float64 reference at dflash's step `step` (bench/dflash2_parity/near_tie.py); its report or the error.
+function explainStep(D, step) {
+    const dir = mkdtempSync(join(tmpdir(), "parity-"));
+    try {
+        const run = join(dir, "run.json");
+        writeFileSync(run, D.json);
+        const script = join(dirname(fileURLToPath(import.meta.url)), "..", "bench", "dflash2_parity", "near_tie.py");
+        const r = spawnSync(opt.explain, [script, "--target", opt.m, "--drafter", opt.md, "--run", run, "--step", String(step),
+            "--positions", "1"], { encoding: "utf8", maxBuffer: 1 << 24 });
+        if (r.error) return `near_tie.py did not run: ${r.error.message}`;
+        return r.status === 0 ? r.stdout.trimEnd() : `near_tie.py failed (${r.status}): ${(r.stderr || "").trim().slice(-500)}`;
+    } finally {
+        rmSync(dir, { recursive: true, force: true });
+    }
 }
 
 const rows = [];
@@ -110,11 +134,13 @@ for (const p of prompts) {
     speed.lt += L.n_gen; speed.lms += L.ms; speed.dt += D.n_gen; speed.dms += D.ms;
     const good = stepOk && textOk;
     ok = ok && good;
+    const why = opt.explain && firstDiff >= 0 ? explainStep(D, firstDiff) : null;
     rows.push({ dom: p.dom, n, drafted, accepted, accD, stepOk, textOk, firstDiff, textDiff, chars: k,
-        lstep: firstDiff >= 0 ? L.steps[firstDiff] : null, dstep: firstDiff >= 0 ? D.steps[firstDiff] : null });
+        lstep: firstDiff >= 0 ? L.steps[firstDiff] : null, dstep: firstDiff >= 0 ? D.steps[firstDiff] : null, why });
     console.log(`${p.dom.padEnd(6)} steps ${String(n).padStart(3)}  n_drafted ${String(drafted).padStart(4)}  ` +
         `n_accepted llama ${String(accepted).padStart(4)} dflash ${String(accD).padStart(4)}  text ${textOk ? "same" : "DIFFERS at char " + textDiff} ` +
         `(${k} chars)  steps ${stepOk ? "same" : "DIFFER at step " + firstDiff + " llama " + JSON.stringify(L.steps[firstDiff]) + " dflash " + JSON.stringify(D.steps[firstDiff])}`);
+    if (why) console.log(why);
 }
 const tpsL = speed.lms > 0 ? speed.lt / (speed.lms / 1e3) : 0, tpsD = speed.dms > 0 ? speed.dt / (speed.dms / 1e3) : 0;
 const summary = `${rows.filter(r => r.stepOk && r.textOk).length} of ${rows.length} prompts agree; compared steps ${totSteps}, ` +
@@ -130,6 +156,12 @@ if (opt.out) {
         "| # | domain | steps compared | n_drafted | n_accepted llama.cpp | n_accepted dflash | text | steps |", "|---|---|---|---|---|---|---|---|",
         ...rows.map((r, i) => `| ${i} | ${r.dom} | ${r.n} | ${r.drafted} | ${r.accepted} | ${r.accD} | ${r.textOk ? "same" : "differs at char " + r.textDiff} | ${r.stepOk ? "same" : "differ at step " + r.firstDiff}` + " |"),
         "", summary, ""];
+    for (const [i, r] of rows.entries()) {
+        if (!r.why) continue;
+        lines.push(`Row ${i}, step ${r.firstDiff}: llama.cpp [drafted, accepted] ${JSON.stringify(r.lstep)}, dflash ${JSON.stringify(r.dstep)}; ` +
+            "the float64 reference at dflash's context of that step (`bench/dflash2_parity/near_tie.py --run RUN.json " +
+            `--step ${r.firstDiff} --positions 1\`, RUN.json = dflash's --json output):`, "", "```", r.why, "```", "");
+    }
     writeFileSync(opt.out, lines.join("\n"));
 }
 process.exit(ok ? 0 : 1);

@@ -2,7 +2,9 @@
  * (public API only), for comparing draft counts with llama-speculative-simple (parity.sh).
  * Built by parity.sh against build/libdflash.a; not part of the library or of `make check`.
  *
- * usage: steps TARGET DRAFTER P_MIN N_GEN N_DRAFT ID,ID,...   (fixed draft length: n_draft_min 0) */
+ * usage: steps TARGET DRAFTER P_MIN N_GEN N_DRAFT ID,ID,... [kv-f32]   (fixed draft length: n_draft_min 0)
+ * Output: "steps:" then drafted:accepted per step. kv-f32: f32 KV caches instead of f16 (the same
+ * algorithm with other rounding: a step that changes with it is a numerical near-tie). */
 #include "dflash.h"
 
 #include <stdio.h>
@@ -10,8 +12,8 @@
 #include <string.h>
 
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: steps TARGET DRAFTER P_MIN N_GEN N_DRAFT ID,ID,...\n");
+    if (argc != 7 && !(argc == 8 && strcmp(argv[7], "kv-f32") == 0)) {
+        fprintf(stderr, "usage: steps TARGET DRAFTER P_MIN N_GEN N_DRAFT ID,ID,... [kv-f32]\n");
         return 2;
     }
     dfl_error err = {0};
@@ -27,6 +29,7 @@ int main(int argc, char **argv) {
     ep.n_threads = ep.n_threads_batch = 1;
     ep.n_draft = atoi(argv[5]);
     ep.n_draft_min = 0;
+    ep.kv_f32 = argc == 8;
     ep.draft_p_min = (float)atof(argv[3]);
     dfl_engine *e = dfl_engine_new_from_models(tm, dm, NULL, &ep, &err);
     if (e == NULL) {

@@ -115,6 +115,8 @@ void cpu_kernels_select(cpu_kernels *k, uint32_t features);
 void cpu_kernels_init_ref(cpu_kernels *k);
 void cpu_kernels_init_avx2(cpu_kernels *k);   /* requires BACKEND_CPU_FEATURE_AVX2 */
 void cpu_kernels_init_avx512(cpu_kernels *k); /* requires AVX512 + AVX512_VNNI */
+/* The Q4_K / Q6_K matmul entries of the AVX-512 level (cpu_gemm_kquant_avx512.c). */
+void cpu_kernels_init_kquant_avx512(cpu_kernels *k);
 /* Feature bits this CPU has (backend_cpu_feature). */
 uint32_t cpu_features_detect(void);
 

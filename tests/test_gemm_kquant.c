@@ -218,6 +218,17 @@ TEST(gemm_kquant_batch_invariant_kernel) {
                     const int64_t c = len % 16, d = n_out - (len % 5);
                     memset(y2, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
                     ks.matmul[type](w, wrow, &act, a, nr, y2, n_out, c, d);
+                    for (int64_t i = 0; i < n_out * n_rows && !bad; i++) { /* nothing outside the ranges */
+                        const int64_t row = i / n_out, o = i % n_out;
+                        uint32_t u;
+                        memcpy(&u, &y2[i], 4);
+                        if ((row < a || row >= a + nr || o < c || o >= d) && u != 0xffffffffu) {
+                            test_fail(t, __FILE__, __LINE__, "%s %s n_in %lld: rows [%lld, %lld) outputs [%lld, %lld) wrote row %lld out %lld",
+                                      quant_type_get(type)->name, k_levels[level], (long long)n_in, (long long)a,
+                                      (long long)(a + nr), (long long)c, (long long)d, (long long)row, (long long)o);
+                            bad = 1;
+                        }
+                    }
                     for (int64_t row = a; row < a + nr && !bad; row++) {
                         for (int64_t o = c; o < d; o++) {
                             if (memcmp(&y2[row * n_out + o], &y[row * n_out + o], sizeof(float)) != 0) {

@@ -114,7 +114,7 @@ T512 INL void q4K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
     D->dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
     const __m512i m3f = _mm512_set1_epi32(0x3f3f3f3f), m0f = _mm512_set1_epi32(0x0f0f0f0f);
     const __m512i m03 = _mm512_set1_epi32(0x03030303);
-    /* get_scale_min_k4 on whole words (as q4_K_scales2 of cpu_kernels_avx2.c), lane by lane */
+    /* get_scale_min_k4 (cpu_matmul_ref.c) on whole words, lane by lane */
     const __m512i u0 = h[1], u1 = h[2], u2 = h[3];
     const __m512i o0 = _mm512_and_si512(u0, m3f);
     const __m512i o1 = _mm512_or_si512(_mm512_and_si512(u2, m0f),

@@ -117,6 +117,7 @@ void cpu_kernels_init_avx2(cpu_kernels *k);   /* requires BACKEND_CPU_FEATURE_AV
 void cpu_kernels_init_avx512(cpu_kernels *k); /* requires AVX512 + AVX512_VNNI */
 /* The Q4_K / Q6_K matmul entries of the AVX-512 level (cpu_gemm_kquant_avx512.c). */
 void cpu_kernels_init_kquant_avx512(cpu_kernels *k);
+void cpu_kernels_init_kquant_avx2(cpu_kernels *k); /* the AVX2 level's (cpu_gemm_kquant_avx2.c) */
 /* Feature bits this CPU has (backend_cpu_feature). */
 uint32_t cpu_features_detect(void);
 

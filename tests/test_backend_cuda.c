@@ -3,20 +3,19 @@
  * Ops: every op on awkward sizes, each case laid out in one host blob that is run twice: by the
  * scalar reference (cpu_op_ref, on a copy) and by the backend under test (the blob uploaded to
  * one buffer, the op's pointers rebased into it). Tolerances by dtype (matmul budgets as in
- * test_backend_ops.c: |y - y_ref| <= budget * sum_i |w_i| * max_i |x_i|), exact where the op is
+ * test_backend_matmul.c: |y - y_ref| <= budget * sum_i |w_i| * max_i |x_i|), exact where the op is
  * exact (copies, rows, add/mul/scale, argmax); a non-finite value never passes. Batch invariance:
  * matmul rows and attention query rows give bit-identical results whatever the op's row count
  * (1..64), the property greedy speculative decoding relies on.
  * Queues and events: ordering across two queues with a device-side wait and a host wait.
- * End to end: CUDA logits vs CPU logits on generated models (f32 ... q4_0, the cuBLAS prompt
- * path included), greedy speculative output == target-alone greedy output on the GPU, host vs
- * device feature paths identical.
+ * End to end on generated models: test_cuda_model.c.
  *
  * Without a CUDA build every test but cuda_device_option skips ("built without CUDA"). With CUDA
  * but no usable device (this development machine), the op and queue tests run their harness
  * against the asynchronous CPU backend (so the test code itself is exercised) and then skip with
- * the reason; the end-to-end tests skip. tools/device-check.sh runs them on a GPU. */
+ * the reason; the end-to-end tests (test_cuda_model.c) skip. tools/device-check.sh runs them on a GPU. */
 #include "test.h"
+#include "test_backend_util.h"
 #include "test_util.h"
 #include "test_views.h"
 
@@ -25,8 +24,6 @@
 #include "base/error.h"
 #include "base/fp16.h"
 #include "dflash.h"
-#include "speculative/session.h"
-#include "speculative/drafter_dflash2.h" /* DFlash2 drafter on the GPU (end of file) */
 #ifdef DFL_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h"
 #endif
@@ -89,101 +86,6 @@ static void env_close(test_ctx *t, cu_env *e) {
         char msg[1024];
         snprintf(msg, sizeof(msg), "no CUDA device (%s): the harness ran against the CPU backend only", e->why);
         test_skip(t, msg);
-    }
-}
-
-/* ---- random data ------------------------------------------------------------------------------ */
-
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static uint32_t rng_u32(rng *r) {
-    r->s = r->s * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(r->s >> 33);
-}
-
-static float rng_f(rng *r) { return (float)rng_u32(r) / 2147483648.0f - 1.0f; } /* [-1, 1) */
-
-static void fill_f32(rng *r, float *x, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) {
-        float v = rng_f(r) * scale;
-        if (rng_u32(r) % 97 == 0) v *= 8.0f;
-        x[i] = v;
-    }
-}
-
-static uint16_t rand_f16(rng *r, float lo, float hi) { return fp32_to_fp16(lo + (rng_f(r) + 1.0f) * 0.5f * (hi - lo)); }
-
-/* Random bytes for a [n_in, n_out] weight of `type` at w (every block field random, scales sane). */
-static void fill_weight(rng *r, uint32_t type, uint8_t *w, int64_t n_in, int64_t n_out) {
-    const size_t row = quant_row_size(type, n_in);
-    for (int64_t o = 0; o < n_out; o++) {
-        uint8_t *p = w + (size_t)o * row;
-        switch (type) {
-        case QUANT_TYPE_F32:
-            for (int64_t i = 0; i < n_in; i++) { float v = rng_f(r); memcpy(p + 4 * i, &v, 4); }
-            break;
-        case QUANT_TYPE_F16:
-            for (int64_t i = 0; i < n_in; i++) { uint16_t h = fp32_to_fp16(rng_f(r)); memcpy(p + 2 * i, &h, 2); }
-            break;
-        case QUANT_TYPE_BF16:
-            for (int64_t i = 0; i < n_in; i++) { uint16_t h = fp32_to_bf16(rng_f(r)); memcpy(p + 2 * i, &h, 2); }
-            break;
-        case QUANT_TYPE_Q8_0:
-            for (int64_t b = 0; b < n_in / 32; b++) {
-                block_q8_0 blk;
-                blk.d = rand_f16(r, -0.02f, 0.02f);
-                for (int j = 0; j < 32; j++) blk.qs[j] = (int8_t)rng_u32(r);
-                memcpy(p + b * sizeof(blk), &blk, sizeof(blk));
-            }
-            break;
-        case QUANT_TYPE_Q4_0:
-            for (int64_t b = 0; b < n_in / 32; b++) {
-                block_q4_0 blk;
-                blk.d = rand_f16(r, -0.1f, 0.1f);
-                for (int j = 0; j < 16; j++) blk.qs[j] = (uint8_t)rng_u32(r);
-                memcpy(p + b * sizeof(blk), &blk, sizeof(blk));
-            }
-            break;
-        case QUANT_TYPE_Q4_K:
-            for (int64_t b = 0; b < n_in / 256; b++) {
-                block_q4_K blk;
-                blk.d = rand_f16(r, 0.0005f, 0.004f);
-                blk.dmin = rand_f16(r, 0.0f, 0.004f);
-                for (int j = 0; j < 12; j++) blk.scales[j] = (uint8_t)rng_u32(r);
-                for (int j = 0; j < 128; j++) blk.qs[j] = (uint8_t)rng_u32(r);
-                memcpy(p + b * sizeof(blk), &blk, sizeof(blk));
-            }
-            break;
-        case QUANT_TYPE_Q6_K:
-            for (int64_t b = 0; b < n_in / 256; b++) {
-                block_q6_K blk;
-                for (int j = 0; j < 128; j++) blk.ql[j] = (uint8_t)rng_u32(r);
-                for (int j = 0; j < 64; j++) blk.qh[j] = (uint8_t)rng_u32(r);
-                for (int j = 0; j < 16; j++) blk.scales[j] = (int8_t)rng_u32(r);
-                blk.d = rand_f16(r, -0.0005f, 0.0005f);
-                memcpy(p + b * sizeof(blk), &blk, sizeof(blk));
-            }
-            break;
-        case QUANT_TYPE_Q4_1: case QUANT_TYPE_Q5_0: case QUANT_TYPE_Q5_1: case QUANT_TYPE_IQ4_NL:
-        case QUANT_TYPE_Q2_K: case QUANT_TYPE_Q3_K: case QUANT_TYPE_Q5_K: case QUANT_TYPE_IQ4_XS: {
-            /* random bytes, then sane f16 scales at their offsets (Q2_K / Q3_K keep theirs at the end) */
-            const quant_type_info *ti = quant_type_get(type);
-            for (size_t i = 0; i < row; i++) p[i] = (uint8_t)rng_u32(r);
-            for (int64_t b = 0; b < n_in / ti->blck_size; b++) {
-                uint8_t *blk = p + (size_t)b * ti->type_size;
-                const size_t off = type == QUANT_TYPE_Q2_K ? 80 : type == QUANT_TYPE_Q3_K ? 108 : 0;
-                const bool two = type == QUANT_TYPE_Q4_1 || type == QUANT_TYPE_Q5_1 || type == QUANT_TYPE_Q2_K ||
-                                 type == QUANT_TYPE_Q5_K;
-                const uint16_t h[2] = {rand_f16(r, 0.0002f, 0.01f), rand_f16(r, 0.0f, 0.01f)};
-                memcpy(blk + off, h, two ? 4 : 2);
-            }
-            break;
-        }
-        default:
-            DFL_ASSERT(0 && "fill_weight: type");
-        }
     }
 }
 
@@ -500,12 +402,8 @@ TEST(cuda_op_rejects_host_memory) {
 
 /* ---- matmul --------------------------------------------------------------------------------------- */
 
-static const uint32_t k_types[] = {QUANT_TYPE_F32,  QUANT_TYPE_F16,  QUANT_TYPE_BF16,   QUANT_TYPE_Q8_0,
-                                   QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K,   QUANT_TYPE_Q4_1,
-                                   QUANT_TYPE_Q5_0, QUANT_TYPE_Q5_1, QUANT_TYPE_IQ4_NL, QUANT_TYPE_Q2_K,
-                                   QUANT_TYPE_Q3_K, QUANT_TYPE_Q5_K, QUANT_TYPE_IQ4_XS};
-
-static double mm_budget(uint32_t type) {
+/* the GPU rounds f32 sums in another order: twice the CPU budget for f32 */
+static double cu_mm_budget(uint32_t type) {
     switch (type) {
     case QUANT_TYPE_F32: return 2e-6;
     case QUANT_TYPE_F16: return 7e-4;
@@ -540,7 +438,7 @@ static void mm_make(mm_layout *L, rng *r, uint32_t type, int64_t n_in, int64_t n
 }
 
 /* N[r][o] = sum_i |w_o,i| * max_i |x_r,i| */
-static double *mm_norms(const mm_layout *L) {
+static double *cu_mm_norms(const mm_layout *L) {
     const tensor *w = &L->op.src[0];
     const int64_t n_in = w->ne[0], n_out = w->ne[1], n_rows = L->op.src[1].ne[1];
     double *N = malloc((size_t)(n_out * n_rows) * sizeof(double));
@@ -576,8 +474,8 @@ TEST(cuda_op_matmul_vs_ref) {
         {512, 1000, 1, 0}, {256, 33, 33, 0}, {256, 64, 64, 0}, {512, 40, 70, 0},
     };
     static const int64_t cases1[][4] = {{7, 5, 3, 0}, {33, 3, 1, 1}, {17, 19, 66, 0}};
-    for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
-        const uint32_t type = k_types[ti];
+    for (size_t ti = 0; ti < sizeof(k_mm_types) / sizeof(k_mm_types[0]); ti++) {
+        const uint32_t type = k_mm_types[ti];
         const int64_t bs = quant_type_get(type)->blck_size;
         for (int set = 0; set < 3; set++) {
             const int64_t(*cases)[4] = set == 0 ? cases32 : set == 1 ? cases256 : cases1;
@@ -591,7 +489,7 @@ TEST(cuda_op_matmul_vs_ref) {
                 const int64_t n_in = cases[ci][0], n_out = cases[ci][1], n_rows = cases[ci][2], pad = cases[ci][3];
                 mm_layout L;
                 mm_make(&L, &r, type, n_in, n_out, n_rows, pad);
-                double *N = mm_norms(&L);
+                double *N = cu_mm_norms(&L);
                 char what[160];
                 snprintf(what, sizeof(what), "matmul %s [%lld -> %lld] x %lld rows (pad %lld)", quant_type_get(type)->name,
                          (long long)n_in, (long long)n_out, (long long)n_rows, (long long)pad);
@@ -601,9 +499,9 @@ TEST(cuda_op_matmul_vs_ref) {
                     const size_t off = (size_t)((uint8_t *)L.op.dst.data - L.b.mem);
                     const float *y = (const float *)(got + off), *yr = (const float *)(ref + off);
                     for (int64_t i = 0; i < n_out * n_rows; i++) {
-                        if (!isfinite(y[i]) || fabs((double)y[i] - (double)yr[i]) > mm_budget(type) * N[i]) {
+                        if (!isfinite(y[i]) || fabs((double)y[i] - (double)yr[i]) > cu_mm_budget(type) * N[i]) {
                             test_fail(t, __FILE__, __LINE__, "%s: out %lld: %.8g vs ref %.8g (budget %.3g)", what,
-                                      (long long)i, y[i], yr[i], mm_budget(type) * N[i]);
+                                      (long long)i, y[i], yr[i], cu_mm_budget(type) * N[i]);
                             break;
                         }
                     }
@@ -635,7 +533,7 @@ TEST(cuda_op_matmul_chunked_prompt) {
 #endif
             mm_layout L;
             mm_make(&L, &r, types[ti], n_in, n_out, n_rows, ci == 1 ? 5 : 0);
-            double *N = mm_norms(&L);
+            double *N = cu_mm_norms(&L);
             char what[160];
             snprintf(what, sizeof(what), "matmul %s [%lld -> %lld] x %lld rows, chunks of %lld rows",
                      quant_type_get(types[ti])->name, (long long)n_in, (long long)n_out, (long long)n_rows,
@@ -671,8 +569,8 @@ TEST(cuda_op_matmul_batch_invariance) {
     rng r = {77};
     static const int64_t dims[][2] = {{512, 80}, {4096, 48}};
     static const int64_t rows[] = {1, 2, 3, 7, 16, 17, 31, 33, 64};
-    for (size_t ti = 0; ti < sizeof(k_types) / sizeof(k_types[0]); ti++) {
-        const uint32_t type = k_types[ti];
+    for (size_t ti = 0; ti < sizeof(k_mm_types) / sizeof(k_mm_types[0]); ti++) {
+        const uint32_t type = k_mm_types[ti];
         for (size_t di = 0; di < 2; di++) {
             const int64_t n_in = dims[di][0], n_out = dims[di][1];
             mm_layout L;
@@ -934,18 +832,18 @@ static void light_rows(test_ctx *t, backend *be, rng *r) {
     backend_op op = mkop(BACKEND_OP_SET_ROWS, cols, &ts, &ti);
     check_op(t, be, &op, &b, "set_rows into columns", true, 0, 0);
     /* get_rows of every weight type (repeated and reversed indices) */
-    for (size_t k = 0; k < sizeof(k_types) / sizeof(k_types[0]); k++) {
+    for (size_t k = 0; k < sizeof(k_mm_types) / sizeof(k_mm_types[0]); k++) {
         const int64_t ne0 = 512, rows = 9;
-        uint8_t *w = tv_arena_take(&b, quant_row_size(k_types[k], ne0) * rows);
-        fill_weight(r, k_types[k], w, ne0, rows);
+        uint8_t *w = tv_arena_take(&b, quant_row_size(k_mm_types[k], ne0) * rows);
+        fill_weight(r, k_mm_types[k], w, ne0, rows);
         int32_t *idx = tv_arena_take(&b, 6 * 4);
         const int32_t iv[6] = {8, 0, 3, 3, 7, 1};
         memcpy(idx, iv, sizeof(iv));
         float *out = tv_arena_take(&b, (size_t)(ne0 * 6) * 4);
-        tensor tw = tensor_2d(k_types[k], w, ne0, rows), tix = tensor_1d(QUANT_TYPE_I32, idx, 6);
+        tensor tw = tensor_2d(k_mm_types[k], w, ne0, rows), tix = tensor_1d(QUANT_TYPE_I32, idx, 6);
         op = mkop(BACKEND_OP_GET_ROWS, tensor_2d(QUANT_TYPE_F32, out, ne0, 6), &tw, &tix);
         char what[64];
-        snprintf(what, sizeof(what), "get_rows %s", quant_type_get(k_types[k])->name);
+        snprintf(what, sizeof(what), "get_rows %s", quant_type_get(k_mm_types[k])->name);
         check_op(t, be, &op, &b, what, false, 1e-7, 1e-6);
     }
     tv_arena_free(&b);
@@ -1219,244 +1117,6 @@ TEST(cuda_op_attention_row_invariance) {
     env_close(t, &e);
 }
 
-/* ---- end to end on generated models ------------------------------------------------------------- */
-
-/* True if a CUDA device is usable (else the test skipped itself). */
-static bool have_gpu(test_ctx *t) {
-#ifdef DFL_HAVE_CUDA
-    dfl_error err = {0};
-    if (backend_cuda_device_count(&err) > 0) return true;
-    test_skip(t, err.msg);
-    return false;
-#else
-    test_skip(t, "built without CUDA (make CUDA=1 where nvcc is installed)");
-    return false;
-#endif
-}
-
-static dfl_context *ctx_on(test_ctx *t, dfl_model *m, dfl_device dev, int64_t n_ubatch, int32_t n_seq) {
-    dfl_context_params p = dfl_context_default_params();
-    p.n_ctx = 256;
-    p.n_batch = 128;
-    p.n_ubatch = n_ubatch;
-    p.n_outputs = 128;
-    p.n_seq = n_seq;
-    p.n_threads = 2;
-    p.n_threads_batch = 2;
-    p.device = dev;
-    dfl_error err = {0};
-    dfl_context *c = dfl_context_new(m, &p, &err);
-    if (c == NULL) test_fail(t, __FILE__, __LINE__, "context: %s", err.msg);
-    return c;
-}
-
-/* CUDA vs CPU logits on one generated model (extra make-test-model arguments `args`): a prompt of
- * 100 in one 100-row ubatch (the cuBLAS path) and in 8-row ubatches (own kernels), then 5 decode
- * steps; relative error <= tol. */
-static void forward_vs_cpu(test_ctx *t, const char *name, const char *dir, const char *args, double tol) {
-    char tpath[512];
-    if (!tu_make_models(t, dir, args, tpath, NULL, sizeof(tpath))) return;
-    dfl_error err = {0};
-    dfl_model *m = dfl_model_load(tpath, NULL, &err);
-    REQUIRE(m != NULL);
-    for (int ub = 0; ub < 2; ub++) {
-        const int64_t n_ub = ub == 0 ? 128 : 8;
-        dfl_context *cc = ctx_on(t, m, DFL_DEVICE_CPU, n_ub, 1), *gc = ctx_on(t, m, DFL_DEVICE_CUDA, n_ub, 1);
-        if (cc == NULL || gc == NULL) {
-            dfl_context_free(cc);
-            dfl_context_free(gc);
-            break;
-        }
-        const int64_t nv = dfl_n_vocab(cc), n_prompt = 100;
-        int32_t toks[100];
-        for (int i = 0; i < 100; i++) toks[i] = (i * 37 + 11) % 640;
-        float *a = malloc((size_t)(n_prompt * nv) * 4), *b = malloc((size_t)(n_prompt * nv) * 4);
-        REQUIRE(a && b);
-        CHECK(tu_decode(cc, 0, toks, n_prompt, a, &err) == DFL_OK);
-        CHECK(tu_decode(gc, 0, toks, n_prompt, b, &err) == DFL_OK);
-        double e1 = tu_rel_err(b, a, n_prompt * nv);
-        CHECK_MSG(e1 <= tol, "%s ubatch %lld: prompt logits rel err %.3g > %.3g", name, (long long)n_ub, e1, tol);
-        for (int k = 0; k < 5; k++) {
-            int32_t tok = (k * 101 + 7) % 640;
-            CHECK(tu_decode(cc, 0, &tok, 1, a, &err) == DFL_OK);
-            CHECK(tu_decode(gc, 0, &tok, 1, b, &err) == DFL_OK);
-            double e2 = tu_rel_err(b, a, nv);
-            CHECK_MSG(e2 <= tol, "%s: decode step %d logits rel err %.3g > %.3g", name, k, e2, tol);
-        }
-        printf("    %s ubatch %lld: prompt rel err %.2e\n", name, (long long)n_ub, e1);
-        free(a);
-        free(b);
-        dfl_context_free(gc);
-        dfl_context_free(cc);
-    }
-    dfl_model_free(m);
-}
-
-TEST(cuda_forward_logits_vs_cpu) {
-    if (!have_gpu(t)) return;
-    const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
-    const double tol[] = {2e-4, 2e-3, 2e-2, 2e-2, 2e-2};
-    for (int ti = 0; ti < 5; ti++) {
-        char args[512], dir[32];
-        snprintf(args, sizeof(args), TINY " --type %s --seed %d", types[ti], 3 + ti);
-        snprintf(dir, sizeof(dir), "m_%s", types[ti]);
-        forward_vs_cpu(t, types[ti], dir, args, tol[ti]);
-    }
-}
-
-/* Arch llama (no qk-norm, NORM rope pairing: adjacent pairs, op->i[1] = 1) on the GPU vs the CPU:
- * a rope that paired (i, i + n_rot/2) instead would give wrong attention and fail the f32 bound. */
-TEST(cuda_forward_llama_vs_cpu) {
-    if (!have_gpu(t)) return;
-    forward_vs_cpu(t, "llama f32", "l_f32", TINY " --arch llama --type f32 --seed 13", 2e-4);
-    forward_vs_cpu(t, "llama q8_0", "l_q8_0", TINY " --arch llama --type q8_0 --untied --seed 14", 2e-2);
-}
-
-#define SPEC_GEN 32
-
-typedef struct oracle {
-    const int32_t *ref[4];
-    int64_t done[4];
-    uint64_t rng;
-    int mode; /* 0 real drafter, 1 the true continuation with planted errors */
-} oracle;
-
-static void oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft) {
-    oracle *o = user;
-    if (o->mode == 0) return;
-    for (int32_t j = 0; j < n_draft; j++) {
-        const int64_t at = o->done[seq] + j;
-        draft[j] = at < SPEC_GEN + 64 ? o->ref[seq][at] : 0;
-    }
-    o->rng = o->rng * 6364136223846793005ull + 1442695040888963407ull;
-    const uint64_t r = o->rng >> 33;
-    if (r % 4 != 0) draft[(r >> 4) % (uint64_t)n_draft] = (draft[(r >> 4) % (uint64_t)n_draft] + 1) % 640;
-}
-
-/* Greedy speculative tokens on the GPU == the target's own greedy tokens on the GPU. */
-static bool spec_run(test_ctx *t, const char *tpath, const char *dpath, int n_seq, int n_draft, int prompt_len,
-                     dfl_feature_path fp, int mode, int32_t got[4][SPEC_GEN + 64]) {
-    dfl_error err = {0};
-    dfl_model *tm = dfl_model_load(tpath, NULL, &err), *dm = tm ? dfl_model_load(dpath, NULL, &err) : NULL;
-    if (dm == NULL) {
-        test_fail(t, __FILE__, __LINE__, "load: %s", err.msg);
-        dfl_model_free(tm);
-        return false;
-    }
-    const dfl_hparams *dh = dfl_model_hparams(dm);
-    dfl_context_params cp = dfl_context_default_params();
-    cp.n_ctx = 256;
-    cp.n_seq = n_seq;
-    cp.n_batch = 64;
-    cp.n_ubatch = 16;
-    cp.n_outputs = 64;
-    cp.device = DFL_DEVICE_CUDA;
-    cp.n_capture = (int32_t)dh->n_target_layers;
-    cp.capture_layers = dh->target_layers;
-    dfl_context *tc = dfl_context_new(tm, &cp, &err);
-    dfl_context_params rp = cp;
-    rp.n_seq = 1;
-    rp.n_capture = 0;
-    rp.capture_layers = NULL;
-    rp.share_backend = tc;
-    dfl_context *rc = tc ? dfl_context_new(tm, &rp, &err) : NULL;
-    dfl_context_params dp = dfl_context_default_params();
-    dp.n_seq = n_seq;
-    dp.target = tc;
-    dp.n_batch = 32;
-    dfl_context *dc = rc ? dfl_context_new(dm, &dp, &err) : NULL;
-    oracle o;
-    memset(&o, 0, sizeof(o));
-    o.mode = mode;
-    o.rng = (uint64_t)(n_seq * 100 + n_draft * 10 + prompt_len);
-    spec_params sp = spec_default_params();
-    sp.n_draft = n_draft;
-    sp.features = fp;
-    sp.draft_hook = oracle_hook;
-    sp.draft_hook_user = &o;
-    spec_session *spec = dc ? spec_new(tc, dc, &sp, &err) : NULL;
-    bool ok = spec != NULL;
-    CHECK_MSG(ok, "setup: %s", err.msg);
-    int32_t prompts[4][128], ref[4][SPEC_GEN + 64];
-    memset(ref, 0, sizeof(ref)); /* the oracle may look past the computed continuation: token 0 */
-    for (int s = 0; s < n_seq && ok; s++) {
-        const int len = prompt_len + s;
-        for (int i = 0; i < len; i++) prompts[s][i] = (int32_t)((i * 131 + s * 17 + prompt_len * 7 + 3) % 640);
-        dfl_seq_remove(rc, 0, 0, NULL);
-        ok = tu_greedy(rc, 0, prompts[s], len, SPEC_GEN + n_draft + 1, ref[s], &err) == DFL_OK;
-        o.ref[s] = ref[s];
-    }
-    for (int s = 0; s < n_seq && ok; s++) {
-        int32_t first;
-        ok = spec_prefill(spec, s, prompts[s], prompt_len + s, &first, &err) == DFL_OK;
-        got[s][0] = first;
-        o.done[s] = 1;
-    }
-    int32_t seqs[4] = {0, 1, 2, 3}, step_tok[4 * 64], n_step[4];
-    while (ok) {
-        bool all = true;
-        for (int s = 0; s < n_seq; s++) all = all && o.done[s] >= SPEC_GEN;
-        if (all) break;
-        ok = spec_step(spec, n_seq, seqs, step_tok, n_step, &err) == DFL_OK;
-        for (int s = 0; s < n_seq && ok; s++) {
-            for (int j = 0; j < n_step[s]; j++) {
-                if (o.done[s] < SPEC_GEN + 63) got[s][o.done[s]] = step_tok[s * (n_draft + 1) + j];
-                o.done[s]++;
-            }
-        }
-    }
-    CHECK_MSG(ok, "spec run: %s", err.msg);
-    for (int s = 0; s < n_seq && ok; s++) {
-        for (int i = 0; i < SPEC_GEN; i++) {
-            if (got[s][i] != ref[s][i]) {
-                test_fail(t, __FILE__, __LINE__, "n_seq %d k %d prompt %d mode %d features %d: seq %d token %d: spec %d "
-                          "!= greedy %d", n_seq, n_draft, prompt_len, mode, (int)fp, s, i, got[s][i], ref[s][i]);
-                ok = false;
-                break;
-            }
-        }
-    }
-    spec_free(spec);
-    dfl_context_free(dc);
-    dfl_context_free(rc);
-    dfl_context_free(tc);
-    dfl_model_free(dm);
-    dfl_model_free(tm);
-    return ok;
-}
-
-TEST(cuda_spec_greedy_equals_target) {
-    if (!have_gpu(t)) return;
-    const char *types[] = {"f32", "bf16", "q8_0", "q4_0"};
-    static int32_t got[4][SPEC_GEN + 64];
-    for (int ti = 0; ti < 4; ti++) {
-        char args[512], tpath[512], dpath[512], dir[32];
-        snprintf(args, sizeof(args), TINY " --type %s --block-size 16 --seed %d", types[ti], 21 + ti);
-        snprintf(dir, sizeof(dir), "s_%s", types[ti]);
-        if (!tu_make_models(t, dir, args, tpath, dpath, sizeof(tpath))) return;
-        /* (n_seq, n_draft, prompt_len, mode) */
-        static const int cases[][4] = {{1, 15, 9, 1}, {2, 15, 20, 1}, {1, 7, 33, 0}, {3, 4, 5, 1}, {4, 15, 40, 1}};
-        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-            spec_run(t, tpath, dpath, cases[c][0], cases[c][1], cases[c][2], c % 2 ? DFL_FEATURES_HOST : DFL_FEATURES_DEVICE,
-                     cases[c][3], got);
-        }
-    }
-}
-
-TEST(cuda_spec_host_and_device_features_identical) {
-    if (!have_gpu(t)) return;
-    char tpath[512], dpath[512];
-    if (!tu_make_models(t, "m", TINY " --type q8_0 --block-size 8 --seed 5", tpath, dpath, sizeof(tpath))) return;
-    static int32_t a[4][SPEC_GEN + 64], b[4][SPEC_GEN + 64];
-    for (int mode = 0; mode < 2; mode++) {
-        memset(a, 0, sizeof(a));
-        memset(b, 0, sizeof(b));
-        CHECK(spec_run(t, tpath, dpath, 3, 7, 21, DFL_FEATURES_HOST, mode, a));
-        CHECK(spec_run(t, tpath, dpath, 3, 7, 21, DFL_FEATURES_DEVICE, mode, b));
-        CHECK_MSG(memcmp(a, b, sizeof(a)) == 0, "mode %d: host and device feature paths give different tokens", mode);
-    }
-}
-
 /* A NaN or +Inf score is never hidden: the softmax row and the attention output are NaN, as the
  * CPU reference (one split and several, f32 and f16 caches); an all -Inf row still gives zeros. */
 TEST(cuda_op_nonfinite_scores_propagate) {
@@ -1500,93 +1160,4 @@ TEST(cuda_op_nonfinite_scores_propagate) {
         }
     }
     env_close(t, &e);
-}
-
-/* ---- DFlash2 drafter on the GPU (docs/drafter.md "DFlash2") --------------------------------------- */
-
-/* The DFlash2 draft pass (convolutions composed of broadcast add/mul and row-shifting get_rows,
- * selector gate matmul on the device; lattice and walk on the host) on CUDA vs the CPU: block
- * logits and lattice scores close, walked tokens equal. */
-TEST(cuda_dflash2_draft_vs_cpu) {
-    if (!have_gpu(t)) return;
-    char tpath[512], dpath[512];
-    if (!tu_make_models(t, "d2", TINY " --type f32 --block-size 8 --seed 31 --dflash2 3,8,16,4", tpath, dpath,
-                        sizeof(tpath))) return;
-    dfl_error err = {0};
-    dfl_model *tm = dfl_model_load(tpath, NULL, &err), *dm = tm ? dfl_model_load(dpath, NULL, &err) : NULL;
-    REQUIRE(dm != NULL);
-    const dfl_hparams *dh = dfl_model_hparams(dm);
-    int32_t draft[2][2 * 7], first[2][2];
-    float *logits[2], *lat[2];
-    int64_t rl = 0;
-    const int32_t lens[2] = {7, 4};
-    for (int dev = 0; dev < 2; dev++) {
-        dfl_context_params cp = dfl_context_default_params();
-        cp.n_ctx = 128;
-        cp.n_seq = 2;
-        cp.n_batch = 64;
-        cp.n_outputs = 64;
-        cp.kv_f32 = true;
-        cp.device = dev ? DFL_DEVICE_CUDA : DFL_DEVICE_CPU;
-        cp.n_capture = (int32_t)dh->n_target_layers;
-        cp.capture_layers = dh->target_layers;
-        dfl_context *tc = dfl_context_new(tm, &cp, &err);
-        dfl_context_params dp = dfl_context_default_params();
-        dp.n_seq = 2;
-        dp.target = tc;
-        dp.kv_f32 = true;
-        dfl_context *dc = tc ? dfl_context_new(dm, &dp, &err) : NULL;
-        spec_params sp = spec_default_params();
-        sp.n_draft = 7;
-        spec_session *spec = dc ? spec_new(tc, dc, &sp, &err) : NULL;
-        REQUIRE(spec != NULL);
-        int32_t pa[11], pb[6];
-        for (int i = 0; i < 11; i++) pa[i] = (i * 41 + 3) % 640;
-        for (int i = 0; i < 6; i++) pb[i] = (i * 67 + 9) % 640;
-        CHECK(spec_prefill(spec, 0, pa, 11, &first[dev][0], &err) == DFL_OK);
-        CHECK(spec_prefill(spec, 1, pb, 6, &first[dev][1], &err) == DFL_OK);
-        logits[dev] = malloc(2 * 7 * 640 * sizeof(float));
-        CHECK(drafter_draft(dc, 2, (int32_t[]){0, 1}, first[dev], 7, lens, draft[dev], logits[dev], &err) == DFL_OK);
-        const float *l = dflash2_last_lattice(dc, &rl);
-        REQUIRE(l != NULL);
-        lat[dev] = malloc((size_t)(11 * rl) * sizeof(float));
-        memcpy(lat[dev], l, (size_t)(11 * rl) * sizeof(float));
-        spec_free(spec);
-        dfl_context_free(dc);
-        dfl_context_free(tc);
-    }
-    CHECK(first[0][0] == first[1][0] && first[0][1] == first[1][1]);
-    double el = 0;
-    for (int s = 0; s < 2; s++) {
-        const double e = tu_rel_err(logits[1] + s * 7 * 640, logits[0] + s * 7 * 640, lens[s] * 640);
-        el = e > el ? e : el;
-        for (int j = 0; j < lens[s]; j++) CHECK_EQ_INT(draft[1][s * 7 + j], draft[0][s * 7 + j]);
-    }
-    const double ea = tu_rel_err(lat[1], lat[0], 11 * rl);
-    printf("    DFlash2 draft CUDA vs CPU: block logits rel err %.2e, lattice %.2e\n", el, ea);
-    CHECK(el < 2e-4 && ea < 2e-4);
-    for (int dev = 0; dev < 2; dev++) {
-        free(logits[dev]);
-        free(lat[dev]);
-    }
-    dfl_model_free(dm);
-    dfl_model_free(tm);
-}
-
-/* Greedy speculative output with a DFlash2 drafter on the GPU == the target's own. */
-TEST(cuda_dflash2_spec_greedy_equals_target) {
-    if (!have_gpu(t)) return;
-    static int32_t got[4][SPEC_GEN + 64];
-    const char *types[] = {"f32", "q8_0"};
-    for (int ti = 0; ti < 2; ti++) {
-        char args[512], tpath[512], dpath[512], dir[32];
-        snprintf(args, sizeof(args), TINY " --type %s --block-size 8 --seed %d --dflash2 3,8,32,4", types[ti], 41 + ti);
-        snprintf(dir, sizeof(dir), "d2s_%s", types[ti]);
-        if (!tu_make_models(t, dir, args, tpath, dpath, sizeof(tpath))) return;
-        static const int cases[][4] = {{1, 7, 9, 0}, {2, 7, 20, 1}, {3, 4, 5, 1}, {4, 7, 40, 0}};
-        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-            CHECK(spec_run(t, tpath, dpath, cases[c][0], cases[c][1], cases[c][2],
-                           c % 2 ? DFL_FEATURES_HOST : DFL_FEATURES_DEVICE, cases[c][3], got));
-        }
-    }
 }

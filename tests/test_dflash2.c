@@ -21,58 +21,17 @@
 #define NV 640
 #define TINY_T "--n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --head-dim 16 --n-ff 128 --n-vocab 640"
 
-typedef struct d2pair {
-    dfl_model *tm, *dm;
-    dfl_context *tctx, *dctx;
-    spec_session *spec;
-} d2pair;
+typedef tu_pair d2pair;
 
-static void d2_close(d2pair *p) {
-    spec_free(p->spec);
-    dfl_context_free(p->dctx);
-    dfl_context_free(p->tctx);
-    dfl_model_free(p->dm);
-    dfl_model_free(p->tm);
-    memset(p, 0, sizeof(*p));
-}
+static void d2_close(d2pair *p) { tu_pair_close(p); }
 
 static bool d2_open_p(test_ctx *t, d2pair *p, const char *tpath, const char *dpath, int n_seq, int n_draft,
                       float p_min) {
-    memset(p, 0, sizeof(*p));
-    dfl_error err = {0};
-    p->tm = dfl_model_load(tpath, NULL, &err);
-    p->dm = p->tm ? dfl_model_load(dpath, NULL, &err) : NULL;
-    if (p->dm == NULL) {
-        test_fail(t, __FILE__, __LINE__, "load: %s", err.msg);
-        return false;
-    }
-    const dfl_hparams *dh = dfl_model_hparams(p->dm);
-    dfl_context_params cp = dfl_context_default_params();
-    cp.n_seq = n_seq;
-    cp.n_ctx = 256;
-    cp.n_batch = 64;
-    cp.n_ubatch = 16;
-    cp.n_outputs = 64;
-    cp.kv_f32 = true;
-    cp.n_threads = cp.n_threads_batch = 1;
-    cp.n_capture = (int32_t)dh->n_target_layers;
-    cp.capture_layers = dh->target_layers;
-    p->tctx = dfl_context_new(p->tm, &cp, &err);
-    dfl_context_params dp = dfl_context_default_params();
-    dp.n_seq = n_seq;
-    dp.target = p->tctx;
-    dp.kv_f32 = true;
-    dp.n_batch = 32;
-    p->dctx = p->tctx ? dfl_context_new(p->dm, &dp, &err) : NULL;
     spec_params sp = spec_default_params();
     sp.n_draft = n_draft;
     sp.draft_p_min = p_min;
-    p->spec = p->dctx ? spec_new(p->tctx, p->dctx, &sp, &err) : NULL;
-    if (p->spec == NULL) {
-        test_fail(t, __FILE__, __LINE__, "setup: %s", err.msg);
-        return false;
-    }
-    return true;
+    const tu_pair_params pp = {.n_seq = n_seq, .n_batch = 64, .drafter_n_batch = 32, .kv_f32 = true, .sp = &sp};
+    return tu_pair_open(t, p, tpath, dpath, &pp);
 }
 
 static bool d2_open(test_ctx *t, d2pair *p, const char *tpath, const char *dpath, int n_seq, int n_draft) {

@@ -25,57 +25,14 @@
     do { if (!(cond)) { test_fail(t, __FILE__, __LINE__, __VA_ARGS__); return; } } while (0)
 #define TINY "--n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --head-dim 16 --n-ff 128 --n-vocab 640 --draft-layers 2"
 
-typedef struct dpair {
-    dfl_model *target, *drafter;
-    dfl_context *tctx, *dctx;
-    spec_session *spec;
-} dpair;
+typedef tu_pair dpair;
 
-static void dpair_close(dpair *p) {
-    spec_free(p->spec);
-    dfl_context_free(p->dctx);
-    dfl_context_free(p->tctx);
-    dfl_model_free(p->drafter);
-    dfl_model_free(p->target);
-    memset(p, 0, sizeof(*p));
-}
+static void dpair_close(dpair *p) { tu_pair_close(p); }
 
-/* f32 KV so that the comparison with the float64 reference is tight. */
 static bool dpair_open_on(test_ctx *t, dpair *p, const char *tp, const char *dp, int n_seq, const spec_params *sp0,
                           dfl_device device) {
-    memset(p, 0, sizeof(*p));
-    dfl_error err = {0};
-    p->target = dfl_model_load(tp, NULL, &err);
-    p->drafter = p->target ? dfl_model_load(dp, NULL, &err) : NULL;
-    if (p->drafter == NULL) {
-        test_fail(t, __FILE__, __LINE__, "load: %s", err.msg);
-        return false;
-    }
-    const dfl_hparams *dh = dfl_model_hparams(p->drafter);
-    dfl_context_params cp = dfl_context_default_params();
-    cp.n_seq = n_seq;
-    cp.n_ctx = 256;
-    cp.n_batch = 128;
-    cp.n_ubatch = 16;
-    cp.n_outputs = 128;
-    cp.kv_f32 = true;
-    cp.n_threads = cp.n_threads_batch = 1;
-    cp.device = device;
-    cp.n_capture = (int32_t)dh->n_target_layers;
-    cp.capture_layers = dh->target_layers;
-    p->tctx = dfl_context_new(p->target, &cp, &err);
-    dfl_context_params dcp = dfl_context_default_params();
-    dcp.n_seq = n_seq;
-    dcp.target = p->tctx;
-    dcp.kv_f32 = true;
-    p->dctx = p->tctx ? dfl_context_new(p->drafter, &dcp, &err) : NULL;
-    spec_params sp = sp0 ? *sp0 : spec_default_params();
-    p->spec = p->dctx ? spec_new(p->tctx, p->dctx, &sp, &err) : NULL;
-    if (p->spec == NULL) {
-        test_fail(t, __FILE__, __LINE__, "setup: %s", err.msg);
-        return false;
-    }
-    return true;
+    const tu_pair_params pp = {.n_seq = n_seq, .n_batch = 128, .kv_f32 = true, .device = device, .sp = sp0};
+    return tu_pair_open(t, p, tp, dp, &pp);
 }
 
 static bool dpair_open(test_ctx *t, dpair *p, const char *tp, const char *dp, int n_seq, const spec_params *sp0) {

@@ -14,67 +14,31 @@
 #define NV 640
 #define N_GEN 24
 
-typedef struct pair {
-    dfl_model *target, *drafter;
-    dfl_context *tctx, *dctx, *rctx; /* target, drafter, reference (target alone) */
-    spec_session *spec;
-} pair;
+typedef tu_pair pair;
 
-static void pair_close(pair *p) {
-    spec_free(p->spec);
-    dfl_context_free(p->dctx);
-    dfl_context_free(p->tctx);
-    dfl_context_free(p->rctx);
-    dfl_model_free(p->drafter);
-    dfl_model_free(p->target);
-    memset(p, 0, sizeof(*p));
-}
+static void pair_close(pair *p) { tu_pair_close(p); }
 
-/* Opens target + drafter contexts and a session; false (reported) on failure. */
+/* Opens target + drafter contexts, a reference context and a session; false (reported) on failure. */
 static bool pair_open(test_ctx *t, pair *p, const char *tpath, const char *dpath, int n_seq, int n_draft,
                       dfl_feature_path features, bool kv_f32, const spec_params *extra) {
-    memset(p, 0, sizeof(*p));
-    dfl_error err = {0};
-    p->target = dfl_model_load(tpath, NULL, &err);
-    p->drafter = p->target ? dfl_model_load(dpath, NULL, &err) : NULL;
-    if (p->drafter == NULL) {
-        test_fail(t, __FILE__, __LINE__, "load: %s", err.msg);
-        return false;
+    int32_t k = n_draft;
+    if (k <= 0) { /* the drafter's whole block: read its block size first */
+        dfl_error err = {0};
+        dfl_model *dm = dfl_model_load(dpath, NULL, &err);
+        if (dm == NULL) {
+            test_fail(t, __FILE__, __LINE__, "load: %s", err.msg);
+            memset(p, 0, sizeof(*p));
+            return false;
+        }
+        k = (int32_t)dfl_model_hparams(dm)->block_size - 1;
+        dfl_model_free(dm);
     }
-    const dfl_hparams *dh = dfl_model_hparams(p->drafter);
-    const int32_t k = n_draft > 0 ? n_draft : (int32_t)dh->block_size - 1;
-    dfl_context_params cp = dfl_context_default_params();
-    cp.n_seq = n_seq;
-    cp.n_ctx = 256;
-    cp.n_batch = n_seq * (k + 1) > 64 ? n_seq * (k + 1) : 64;
-    cp.n_ubatch = 16; /* prompts cross micro-batches */
-    cp.n_outputs = cp.n_batch;
-    cp.kv_f32 = kv_f32;
-    cp.n_threads = 1; /* tiny models: the thread pool would only add dispatch overhead */
-    cp.n_threads_batch = 1;
-    cp.n_capture = (int32_t)dh->n_target_layers;
-    cp.capture_layers = dh->target_layers;
-    p->tctx = dfl_context_new(p->target, &cp, &err);
-    dfl_context_params rp = cp;
-    rp.n_seq = 1;
-    rp.n_capture = 0;
-    rp.capture_layers = NULL;
-    p->rctx = p->tctx ? dfl_context_new(p->target, &rp, &err) : NULL;
-    dfl_context_params dp = dfl_context_default_params();
-    dp.n_seq = n_seq;
-    dp.target = p->tctx;
-    dp.kv_f32 = kv_f32;
-    dp.n_batch = 32;
-    p->dctx = p->rctx ? dfl_context_new(p->drafter, &dp, &err) : NULL;
     spec_params sp = extra ? *extra : spec_default_params();
     sp.n_draft = k;
     sp.features = features;
-    p->spec = p->dctx ? spec_new(p->tctx, p->dctx, &sp, &err) : NULL;
-    if (p->spec == NULL) {
-        test_fail(t, __FILE__, __LINE__, "setup: %s", err.msg);
-        return false;
-    }
-    return true;
+    const tu_pair_params pp = {.n_seq = n_seq, .n_batch = n_seq * (k + 1) > 64 ? n_seq * (k + 1) : 64,
+                               .drafter_n_batch = 32, .kv_f32 = kv_f32, .ref_ctx = true, .sp = &sp};
+    return tu_pair_open(t, p, tpath, dpath, &pp);
 }
 
 typedef tu_oracle oracle; /* the shared oracle draft hook (test_util.h) */

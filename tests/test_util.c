@@ -169,3 +169,58 @@ void tu_oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft) {
         draft[j] = (draft[j] + 1) % o->n_vocab;
     }
 }
+
+bool tu_pair_open(test_ctx *t, tu_pair *p, const char *tpath, const char *dpath, const tu_pair_params *pp) {
+    memset(p, 0, sizeof(*p));
+    dfl_error err = {0};
+    p->target = dfl_model_load(tpath, NULL, &err);
+    p->drafter = p->target ? dfl_model_load(dpath, NULL, &err) : NULL;
+    if (p->drafter == NULL) {
+        test_fail(t, __FILE__, __LINE__, "load: %s", err.msg);
+        return false;
+    }
+    const dfl_hparams *dh = dfl_model_hparams(p->drafter);
+    dfl_context_params cp = dfl_context_default_params();
+    cp.n_seq = pp->n_seq;
+    cp.n_ctx = 256;
+    cp.n_batch = pp->n_batch;
+    cp.n_ubatch = 16;
+    cp.n_outputs = pp->n_batch;
+    cp.kv_f32 = pp->kv_f32;
+    cp.n_threads = cp.n_threads_batch = 1; /* tiny models: the thread pool would only add dispatch overhead */
+    cp.device = pp->device;
+    cp.n_capture = (int32_t)dh->n_target_layers;
+    cp.capture_layers = dh->target_layers;
+    p->tctx = dfl_context_new(p->target, &cp, &err);
+    if (p->tctx != NULL && pp->ref_ctx) {
+        dfl_context_params rp = cp;
+        rp.n_seq = 1;
+        rp.n_capture = 0;
+        rp.capture_layers = NULL;
+        p->rctx = dfl_context_new(p->target, &rp, &err);
+    }
+    dfl_context_params dcp = dfl_context_default_params();
+    dcp.n_seq = pp->n_seq;
+    dcp.target = p->tctx;
+    dcp.kv_f32 = pp->kv_f32;
+    if (pp->drafter_n_batch > 0) dcp.n_batch = pp->drafter_n_batch;
+    const bool ready = p->tctx != NULL && (!pp->ref_ctx || p->rctx != NULL);
+    p->dctx = ready ? dfl_context_new(p->drafter, &dcp, &err) : NULL;
+    const spec_params sp0 = pp->sp ? *pp->sp : spec_default_params();
+    p->spec = p->dctx ? spec_new(p->tctx, p->dctx, &sp0, &err) : NULL;
+    if (p->spec == NULL) {
+        test_fail(t, __FILE__, __LINE__, "setup: %s", err.msg);
+        return false;
+    }
+    return true;
+}
+
+void tu_pair_close(tu_pair *p) {
+    spec_free(p->spec);
+    dfl_context_free(p->dctx);
+    dfl_context_free(p->tctx);
+    dfl_context_free(p->rctx);
+    dfl_model_free(p->drafter);
+    dfl_model_free(p->target);
+    memset(p, 0, sizeof(*p));
+}

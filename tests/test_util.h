@@ -5,6 +5,7 @@
 
 #include "test.h"
 #include "dflash.h"
+#include "speculative/session.h"
 
 /* Runs `dflash make-test-model -o DIR ARGS`; DIR is created in the test's temp dir. Fills
  * target/drafter paths. Returns true on success (a failure is reported on t). */
@@ -44,5 +45,26 @@ void tu_oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
  * [n_rows][n_cols] (row-major; ids past n_cols are ignored). With exact, a row of fewer than n_cols
  * ids is an error. *n_res = rows parsed (at most n_rows). False on bad syntax. */
 bool tu_parse_results(const char *json, int32_t *res, int n_rows, int n_cols, bool exact, int *n_res);
+
+/* A target + drafter pair with their contexts (1 thread, n_ctx 256, n_ubatch 16, so prompts
+ * cross micro-batches), a speculative session and optionally a reference context (the target
+ * alone, one sequence). */
+typedef struct tu_pair {
+    dfl_model *target, *drafter;
+    dfl_context *tctx, *dctx, *rctx; /* target, drafter, reference (NULL unless asked for) */
+    spec_session *spec;
+} tu_pair;
+typedef struct tu_pair_params {
+    int n_seq;
+    int64_t n_batch;         /* target batches and outputs */
+    int64_t drafter_n_batch; /* 0: the drafter context's default */
+    bool kv_f32;             /* f32 KV caches (tight comparisons with the float64 reference) */
+    bool ref_ctx;            /* also open rctx */
+    dfl_device device;
+    const spec_params *sp;   /* NULL: spec_default_params() */
+} tu_pair_params;
+/* Loads and opens the pair; false (reported on t) on failure; tu_pair_close is needed either way. */
+bool tu_pair_open(test_ctx *t, tu_pair *p, const char *tpath, const char *dpath, const tu_pair_params *pp);
+void tu_pair_close(tu_pair *p);
 
 #endif

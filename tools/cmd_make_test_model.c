@@ -157,6 +157,18 @@ static bool add_matrix(tm_file *f, const char *name, int64_t ne0, int64_t ne1, u
     return true;
 }
 
+/* Adds an f32 tensor of shape ne[0..n_dims) whose data (from tm_alloc) is already filled. */
+static bool add_f32_tensor(tm_file *f, const char *name, int n_dims, const int64_t *ne, const float *data) {
+    int64_t n = 1;
+    for (int d = 0; d < n_dims; d++) n *= ne[d];
+    if (gguf_writer_add_tensor(f->w, name, QUANT_TYPE_F32, n_dims, ne, data, (size_t)n * sizeof(float), &f->err) != DFL_OK) {
+        fprintf(stderr, "make-test-model: %s\n", f->err.msg);
+        return false;
+    }
+    f->n_bytes += (uint64_t)n * sizeof(float);
+    return true;
+}
+
 /* A norm weight [n] in f32, around 1.0. */
 static bool add_norm(tm_file *f, const char *name, int64_t n) {
     float *data = tm_alloc(f, (size_t)n * sizeof(float));
@@ -167,13 +179,8 @@ static bool add_norm(tm_file *f, const char *name, int64_t n) {
     tm_rng r;
     rng_init(&r, f->seed, f->tag, name);
     for (int64_t i = 0; i < n; i++) data[i] = (float)(1.0 + 0.1 * rng_normal(&r));
-    int64_t ne[1] = {n};
-    if (gguf_writer_add_tensor(f->w, name, QUANT_TYPE_F32, 1, ne, data, (size_t)n * sizeof(float), &f->err) != DFL_OK) {
-        fprintf(stderr, "make-test-model: %s\n", f->err.msg);
-        return false;
-    }
-    f->n_bytes += (uint64_t)n * sizeof(float);
-    return true;
+    const int64_t ne[1] = {n};
+    return add_f32_tensor(f, name, 1, ne, data);
 }
 
 /* The hparam keys under `prefix` ("qwen3", "llama", "dflash"). */
@@ -232,13 +239,8 @@ static bool add_conv_base(tm_file *f, const char *name, int64_t n_embd, int64_t 
         const int64_t tap = (i / n_embd) % K;
         data[i] = (float)((tap == 0 ? 1.0 : 0.0) + 0.3 * rng_normal(&r));
     }
-    int64_t ne[3] = {n_embd, K, 2};
-    if (gguf_writer_add_tensor(f->w, name, QUANT_TYPE_F32, 3, ne, data, (size_t)n * sizeof(float), &f->err) != DFL_OK) {
-        fprintf(stderr, "make-test-model: %s\n", f->err.msg);
-        return false;
-    }
-    f->n_bytes += (uint64_t)n * sizeof(float);
-    return true;
+    const int64_t ne[3] = {n_embd, K, 2};
+    return add_f32_tensor(f, name, 3, ne, data);
 }
 
 /* The DFlash2 keys and tensors of a drafter (the layout of llama.cpp's converter). */
@@ -306,13 +308,8 @@ static bool add_f32_values(tm_file *f, const char *name, int64_t n, const float 
     float *data = tm_alloc(f, (size_t)n * sizeof(float));
     if (data == NULL) return false;
     memcpy(data, values, (size_t)n * sizeof(float));
-    int64_t ne[1] = {n};
-    if (gguf_writer_add_tensor(f->w, name, QUANT_TYPE_F32, 1, ne, data, (size_t)n * sizeof(float), &f->err) != DFL_OK) {
-        fprintf(stderr, "make-test-model: %s\n", f->err.msg);
-        return false;
-    }
-    f->n_bytes += (uint64_t)n * sizeof(float);
-    return true;
+    const int64_t ne[1] = {n};
+    return add_f32_tensor(f, name, 1, ne, data);
 }
 
 /* The drafter options' keys and the DSpark heads in the converter's layout (docs/drafter.md). */

@@ -9,6 +9,7 @@
  *   output in any output range or lane of a weight group, give the same bits as in the full call;
  *   the same through the backend's matmul op (row blocks, output chunks, 2 threads). */
 #include "test.h"
+#include "test_backend_util.h"
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_internal.h"
@@ -19,42 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- helpers (small copies of test_backend_ops.c's) ------------------------------------------ */
-
-typedef struct kq_rng {
-    uint64_t s;
-} kq_rng;
-
-static uint32_t kq_u32(kq_rng *r) {
-    r->s = r->s * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(r->s >> 33);
-}
-
-/* uniform in [-1, 1) */
-static float kq_f(kq_rng *r) { return (float)kq_u32(r) / 2147483648.0f - 1.0f; }
-
-static uint16_t kq_f16(kq_rng *r, float lo, float hi) { return fp32_to_fp16(lo + (kq_f(r) + 1.0f) * 0.5f * (hi - lo)); }
-
-static const char *const k_levels[3] = {"scalar", "avx2", "avx512"};
-
-static uint32_t kq_level_disable(int level) {
-    switch (level) {
-    case 0: return ~0u;
-    case 1: return BACKEND_CPU_FEATURE_AVX512 | BACKEND_CPU_FEATURE_AVX512_VNNI | BACKEND_CPU_FEATURE_AVX512_BF16;
-    default: return 0;
-    }
-}
-
-static bool kq_level_available(int level) {
-    const uint32_t f = cpu_features_detect();
-    if (level == 1) return (f & BACKEND_CPU_FEATURE_AVX2) != 0;
-    if (level == 2) return (f & BACKEND_CPU_FEATURE_AVX512) && (f & BACKEND_CPU_FEATURE_AVX512_VNNI);
-    return true;
-}
-
-/* A [n_in, n_out] Q4_K / Q6_K weight: random blocks, or (extreme) every quant at its maximum with
- * the largest scales (Q4_K 63 / 63, Q6_K -128), the bounds of the kernels' integer sums. */
-static void *kq_weight(kq_rng *r, uint32_t type, int64_t n_in, int64_t n_out, bool extreme) {
+/* A [n_in, n_out] Q4_K / Q6_K weight: random blocks (make_weight), or (extreme) every quant at
+ * its maximum with the largest scales (Q4_K 63 / 63, Q6_K -128), the bounds of the kernels'
+ * integer sums. */
+static void *kq_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out, bool extreme) {
+    if (!extreme) return make_weight(r, type, n_in, n_out);
     const size_t row = quant_row_size(type, n_in);
     uint8_t *w = malloc(row * (size_t)n_out);
     DFL_ASSERT(w != NULL);
@@ -62,17 +32,17 @@ static void *kq_weight(kq_rng *r, uint32_t type, int64_t n_in, int64_t n_out, bo
         for (int64_t b = 0; b < n_in / QK_K; b++) {
             if (type == QUANT_TYPE_Q4_K) {
                 block_q4_K blk;
-                blk.d = kq_f16(r, 0.0005f, 0.004f);
-                blk.dmin = kq_f16(r, 0.0f, 0.004f);
-                for (int j = 0; j < 12; j++) blk.scales[j] = extreme ? 0xff : (uint8_t)kq_u32(r);
-                for (int j = 0; j < 128; j++) blk.qs[j] = extreme ? 0xff : (uint8_t)kq_u32(r);
+                blk.d = rand_f16(r, 0.0005f, 0.004f);
+                blk.dmin = rand_f16(r, 0.0f, 0.004f);
+                memset(blk.scales, 0xff, sizeof(blk.scales));
+                memset(blk.qs, 0xff, sizeof(blk.qs));
                 memcpy(w + (size_t)o * row + (size_t)b * sizeof(blk), &blk, sizeof(blk));
             } else {
                 block_q6_K blk;
-                for (int j = 0; j < 128; j++) blk.ql[j] = extreme ? 0xff : (uint8_t)kq_u32(r);
-                for (int j = 0; j < 64; j++) blk.qh[j] = extreme ? 0xff : (uint8_t)kq_u32(r);
-                for (int j = 0; j < 16; j++) blk.scales[j] = extreme ? (int8_t)-128 : (int8_t)kq_u32(r);
-                blk.d = kq_f16(r, -0.0005f, 0.0005f);
+                memset(blk.ql, 0xff, sizeof(blk.ql));
+                memset(blk.qh, 0xff, sizeof(blk.qh));
+                memset(blk.scales, 0x80, sizeof(blk.scales)); /* -128 */
+                blk.d = rand_f16(r, -0.0005f, 0.0005f);
                 memcpy(w + (size_t)o * row + (size_t)b * sizeof(blk), &blk, sizeof(blk));
             }
         }
@@ -81,34 +51,16 @@ static void *kq_weight(kq_rng *r, uint32_t type, int64_t n_in, int64_t n_out, bo
 }
 
 /* x [n_rows, n_in]: random with outliers; row 1 zero, row 2 all equal (every q = -127) */
-static void kq_fill_x(kq_rng *r, float *x, int64_t n_in, int64_t n_rows, bool extreme) {
+static void kq_fill_x(rng *r, float *x, int64_t n_in, int64_t n_rows, bool extreme) {
     for (int64_t i = 0; i < n_in * n_rows; i++) {
-        float v = kq_f(r) * 2.0f;
-        if (kq_u32(r) % 97 == 0) v *= 8.0f;
+        float v = rng_f(r) * 2.0f;
+        if (rng_u32(r) % 97 == 0) v *= 8.0f;
         x[i] = extreme ? 1.5f : v;
     }
     if (n_rows >= 2) memset(x + n_in, 0, (size_t)n_in * sizeof(float));
     if (n_rows >= 3) {
         for (int64_t i = 0; i < n_in; i++) x[2 * n_in + i] = 0.75f;
     }
-}
-
-/* N[r][o] = sum_i |w_o,i| * max_i |x_r,i| */
-static void kq_norms(double *N, uint32_t type, const void *w, int64_t n_in, int64_t n_out, const float *x,
-                     int64_t n_rows) {
-    float *wrow = malloc((size_t)n_in * sizeof(float));
-    DFL_ASSERT(wrow != NULL);
-    for (int64_t o = 0; o < n_out; o++) {
-        DFL_ASSERT(quant_dequantize_row(type, (const char *)w + (size_t)o * quant_row_size(type, n_in), wrow, n_in));
-        double wa = 0.0;
-        for (int64_t i = 0; i < n_in; i++) wa += fabs((double)wrow[i]);
-        for (int64_t r = 0; r < n_rows; r++) {
-            double xm = 0.0;
-            for (int64_t i = 0; i < n_in; i++) xm = fmax(xm, fabs((double)x[r * n_in + i]));
-            N[r * n_out + o] = wa * xm + 1e-30;
-        }
-    }
-    free(wrow);
 }
 
 static const uint32_t k_types[2] = {QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K};
@@ -137,17 +89,17 @@ static float *kq_run_case(test_ctx *t, const cpu_kernels *ks, const cpu_kernels 
         kref->act_row[type](&a2, r, x + r * n_in);
     }
     CHECK_MSG(memcmp(m1, m2, bytes) == 0, "%s: prepared activations %s %s differ from the scalar ones (%lld x %lld)",
-              what, quant_type_get(type)->name, k_levels[level], (long long)n_in, (long long)n_rows);
+              what, quant_type_get(type)->name, k_level_names[level], (long long)n_in, (long long)n_rows);
     const size_t wrow = quant_row_size(type, n_in);
     memset(y, 0xff, (size_t)(n_out * n_rows) * sizeof(float)); /* NaN poison */
     ks->matmul[type](w, wrow, act, 0, n_rows, y, n_out, 0, n_out);
     cpu_matmul_q_ref(type, w, wrow, &a2, 0, n_rows, yq, n_out, 0, n_out);
-    kq_norms(N, type, w, n_in, n_out, x, n_rows);
+    mm_norms(N, type, w, n_in, n_out, x, n_rows);
     const double eps = ldexp(1.0, -22) * (double)(n_in / 32 + 8);
     for (int64_t i = 0; i < n_out * n_rows; i++) {
         if (!isfinite(y[i]) || fabs((double)y[i] - (double)yq[i]) > eps * N[i]) {
             test_fail(t, __FILE__, __LINE__, "%s: %s %s [%lld -> %lld] x %lld rows: out %lld (row %lld): %.9g vs ref %.9g",
-                      what, quant_type_get(type)->name, k_levels[level], (long long)n_in, (long long)n_out,
+                      what, quant_type_get(type)->name, k_level_names[level], (long long)n_in, (long long)n_out,
                       (long long)n_rows, (long long)(i % n_out), (long long)(i / n_out), y[i], yq[i]);
             break;
         }
@@ -158,11 +110,11 @@ static float *kq_run_case(test_ctx *t, const cpu_kernels *ks, const cpu_kernels 
 }
 
 TEST(gemm_kquant_vs_ref) {
-    kq_rng r = {4242};
+    rng r = {4242};
     for (int level = 0; level < 3; level++) {
-        if (!kq_level_available(level)) continue;
+        if (!level_available(level)) continue;
         cpu_kernels ks, kref;
-        cpu_kernels_select(&ks, cpu_features_detect() & ~kq_level_disable(level));
+        cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
         cpu_kernels_init_ref(&kref);
         for (int ti = 0; ti < 2; ti++) {
             for (int ni = 0; ni < 3; ni++) {
@@ -190,11 +142,11 @@ TEST(gemm_kquant_vs_ref) {
 
 /* Every row range [a, b) and output range [c, d) of a call gives the bits of the full call. */
 TEST(gemm_kquant_batch_invariant_kernel) {
-    kq_rng r = {777};
+    rng r = {777};
     for (int level = 0; level < 3; level++) {
-        if (!kq_level_available(level)) continue;
+        if (!level_available(level)) continue;
         cpu_kernels ks, kref;
-        cpu_kernels_select(&ks, cpu_features_detect() & ~kq_level_disable(level));
+        cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
         cpu_kernels_init_ref(&kref);
         for (int ti = 0; ti < 2; ti++) {
             for (int ni = 0; ni < 3; ni++) {
@@ -224,7 +176,7 @@ TEST(gemm_kquant_batch_invariant_kernel) {
                         memcpy(&u, &y2[i], 4);
                         if ((row < a || row >= a + nr || o < c || o >= d) && u != 0xffffffffu) {
                             test_fail(t, __FILE__, __LINE__, "%s %s n_in %lld: rows [%lld, %lld) outputs [%lld, %lld) wrote row %lld out %lld",
-                                      quant_type_get(type)->name, k_levels[level], (long long)n_in, (long long)a,
+                                      quant_type_get(type)->name, k_level_names[level], (long long)n_in, (long long)a,
                                       (long long)(a + nr), (long long)c, (long long)d, (long long)row, (long long)o);
                             bad = 1;
                         }
@@ -235,7 +187,7 @@ TEST(gemm_kquant_batch_invariant_kernel) {
                                 test_fail(t, __FILE__, __LINE__,
                                           "%s %s n_in %lld: rows [%lld, %lld) outputs [%lld, %lld): row %lld out %lld "
                                           "%.9g, full call %.9g",
-                                          quant_type_get(type)->name, k_levels[level], (long long)n_in, (long long)a,
+                                          quant_type_get(type)->name, k_level_names[level], (long long)n_in, (long long)a,
                                           (long long)(a + nr), (long long)c, (long long)d, (long long)row, (long long)o,
                                           y2[row * n_out + o], y[row * n_out + o]);
                                 bad = 1;
@@ -253,11 +205,11 @@ TEST(gemm_kquant_batch_invariant_kernel) {
                         for (int64_t o = 0; o < n_out; o++) ks.matmul[type](w, wrow, &act, row, 1, y2, n_out, o, o + 1);
                         CHECK_MSG(memcmp(one, y2 + row * n_out, sizeof(one)) == 0,
                                   "%s %s n_in %lld: row %lld one output at a time differs", quant_type_get(type)->name,
-                                  k_levels[level], (long long)n_in, (long long)row);
+                                  k_level_names[level], (long long)n_in, (long long)row);
                     }
                     if (memcmp(one, y + row * n_out, sizeof(one)) != 0) {
                         test_fail(t, __FILE__, __LINE__, "%s %s n_in %lld: row %lld alone differs from the %lld-row call",
-                                  quant_type_get(type)->name, k_levels[level], (long long)n_in, (long long)row,
+                                  quant_type_get(type)->name, k_level_names[level], (long long)n_in, (long long)row,
                                   (long long)n_rows);
                         bad = 1;
                     }
@@ -271,20 +223,12 @@ TEST(gemm_kquant_batch_invariant_kernel) {
 /* Through the backend: a 130-row matmul (row blocks, output chunks, 2 threads) against each row
  * alone and against a 16-row verify-sized batch, bit for bit. */
 TEST(gemm_kquant_batch_invariant_op) {
-    kq_rng r = {99};
+    rng r = {99};
     enum { N_ROWS = 130 };
     for (int level = 0; level < 3; level++) {
-        if (!kq_level_available(level)) continue;
-        backend_cpu_params p = backend_cpu_default_params();
-        p.n_threads = 2;
-        p.n_threads_batch = 2;
-        p.disable_features = kq_level_disable(level);
-        dfl_error err;
-        memset(&err, 0, sizeof(err));
-        backend *be = backend_cpu_new(&p, &err);
+        if (!level_available(level)) continue;
+        backend *be = make_backend(2, level, false);
         REQUIRE(be != NULL);
-        backend_queue *q = backend_queue_new(be, &err);
-        REQUIRE(q != NULL);
         for (int ti = 0; ti < 2; ti++) {
             for (int ni = 0; ni < 3; ni += 2) {
                 const uint32_t type = k_types[ti];
@@ -295,38 +239,24 @@ TEST(gemm_kquant_batch_invariant_op) {
                 float *y1 = malloc((size_t)(n_out * 16) * sizeof(float));
                 REQUIRE(w && x && y && y1);
                 kq_fill_x(&r, x, n_in, N_ROWS, false);
-                backend_op op;
-                memset(&op, 0, sizeof(op));
-                op.kind = BACKEND_OP_MATMUL;
-                op.src[0] = tensor_2d(type, w, n_in, n_out);
-                op.src[1] = tensor_2d(QUANT_TYPE_F32, x, n_in, N_ROWS);
-                op.dst = tensor_2d(QUANT_TYPE_F32, y, n_out, N_ROWS);
-                backend_queue_submit(q, &op);
-                backend_queue_synchronize(q);
+                mm_run(be, type, w, n_in, n_out, x, N_ROWS, y);
                 const int64_t rows_to_check[6] = {0, 5, 16, 63, 100, 129};
                 for (int i = 0; i < 6; i++) {
                     const int64_t row = rows_to_check[i];
-                    op.src[1] = tensor_2d(QUANT_TYPE_F32, x + row * n_in, n_in, 1);
-                    op.dst = tensor_2d(QUANT_TYPE_F32, y1, n_out, 1);
-                    backend_queue_submit(q, &op);
-                    backend_queue_synchronize(q);
+                    mm_run(be, type, w, n_in, n_out, x + row * n_in, 1, y1);
                     CHECK_MSG(memcmp(y1, y + row * n_out, (size_t)n_out * sizeof(float)) == 0,
                               "matmul %s %s n_in %lld: row %lld alone differs from row %lld of %d",
-                              quant_type_get(type)->name, k_levels[level], (long long)n_in, (long long)row,
+                              quant_type_get(type)->name, k_level_names[level], (long long)n_in, (long long)row,
                               (long long)row, N_ROWS);
                 }
                 /* a verify batch: rows 40 .. 55 */
-                op.src[1] = tensor_2d(QUANT_TYPE_F32, x + 40 * n_in, n_in, 16);
-                op.dst = tensor_2d(QUANT_TYPE_F32, y1, n_out, 16);
-                backend_queue_submit(q, &op);
-                backend_queue_synchronize(q);
+                mm_run(be, type, w, n_in, n_out, x + 40 * n_in, 16, y1);
                 CHECK_MSG(memcmp(y1, y + 40 * n_out, (size_t)(16 * n_out) * sizeof(float)) == 0,
                           "matmul %s %s n_in %lld: a 16-row batch differs from the same rows of %d",
-                          quant_type_get(type)->name, k_levels[level], (long long)n_in, N_ROWS);
+                          quant_type_get(type)->name, k_level_names[level], (long long)n_in, N_ROWS);
                 free(w); free(x); free(y); free(y1);
             }
         }
-        backend_queue_free(q);
         backend_free(be);
     }
 }

@@ -134,6 +134,9 @@ void cpu_mm_f16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t 
                        int64_t ds, int64_t o0, int64_t o1);
 void cpu_mm_bf16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                         int64_t ds, int64_t o0, int64_t o1);
+/* The Q4_K / Q6_K matmul entries of the AVX-512 level (cpu_gemm_kquant_avx512.c). */
+void cpu_kernels_init_kquant_avx512(cpu_kernels *k);
+void cpu_kernels_init_kquant_avx2(cpu_kernels *k); /* the AVX2 level's (cpu_gemm_kquant_avx2.c) */
 /* Feature bits this CPU has (backend_cpu_feature). */
 uint32_t cpu_features_detect(void);
 

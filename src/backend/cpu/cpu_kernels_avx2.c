@@ -7,8 +7,8 @@
  *   group's 64-byte vectors; 8 weight blocks are transposed to match, lane j = block j. Q8_0 uses
  *   the sign trick (|w| x sign(x, w) with vpmaddubsw, no saturation since |x| <= 127), Q4_0
  *   nibbles x int8 directly (the -8 offset through the block sums).
- * - Q4_K / Q6_K: one 32-value chunk at a time, vpmaddubsw then vpmaddwd with the sub-block scales,
- *   int32 per super-block; mins / -32 offset through the Q8_K sums of 16.
+ * - Q4_K / Q6_K: in cpu_gemm_kquant_avx2.c (weight rows in lanes, one decode per super-block of 8
+ *   weight rows for all activation rows).
  * - F32 / F16 / BF16: cpu_gemm_float_avx2.c. */
 #include "backend/cpu/cpu_internal.h"
 #include "base/fp16.h"
@@ -313,150 +313,7 @@ T2 static void mm_q4_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
     }
 }
 
-/* ---- Q4_K / Q6_K ---------------------------------------------------------------------------- */
-
-/* The 8 six-bit scales and mins of a Q4_K block (get_scale_min_k4 for j = 0..7) with 32-bit word
- * operations: bytes 0-3 hold sc0-3 / m0-3 in their low 6 bits and the high 2 bits of sc4-7 /
- * m4-7; bytes 8-11 hold the low 4 bits of sc4-7 (low nibbles) and m4-7 (high nibbles). */
-static void q4_K_scales2(const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    uint32_t u[3], o[4];
-    memcpy(u, q, 12);
-    o[0] = u[0] & 0x3f3f3f3fu;                                            /* sc0-3 */
-    o[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);      /* sc4-7 */
-    o[2] = u[1] & 0x3f3f3f3fu;                                            /* m0-3 */
-    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* m4-7 */
-    memcpy(sc, o, 8);
-    memcpy(m, o + 2, 8);
-}
-
-T2 INL void q4K_tile2(const block_q4_K *W, int64_t nsb, const cpu_act *act, int64_t r0, const int NT, float *dst,
-                      int64_t ds, int64_t o) {
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    for (int64_t sb = 0; sb < nsb; sb++) {
-        const block_q4_K *a = W + sb;
-        uint8_t sc[8], mn[8];
-        q4_K_scales2(a->scales, sc, mn);
-        const float d = _cvtsh_ss(a->d), dmin = _cvtsh_ss(a->dmin);
-        /* (m_j, m_j) int16 pairs against the sums of 16 */
-        const __m256i m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn));
-        const __m256i mv = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
-        __m256i isum[8];
-#pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) isum[r] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-        for (int c2 = 0; c2 < 4; c2++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * c2));
-            const __m256i wl = _mm256_and_si256(q, low), wh = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-            const __m256i sl = _mm256_set1_epi16(sc[2 * c2]), sh = _mm256_set1_epi16(sc[2 * c2 + 1]);
-#pragma GCC unroll 8
-            for (int r = 0; r < NT; r++) {
-                const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 64 * c2;
-                const __m256i pl = _mm256_maddubs_epi16(wl, _mm256_loadu_si256((const __m256i *)xq));
-                const __m256i ph = _mm256_maddubs_epi16(wh, _mm256_loadu_si256((const __m256i *)(xq + 32)));
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)));
-            }
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) {
-            const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
-            const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), mv);
-            const float dx = act->d[(r0 + r) * (act->n_in / QK_K) + sb];
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * dx), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * dx), acc[r]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
-}
-
-T2 INL void q6K_tile2(const block_q6_K *W, int64_t nsb, const cpu_act *act, int64_t r0, const int NT, float *dst,
-                      int64_t ds, int64_t o) {
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(0x30);
-    for (int64_t sb = 0; sb < nsb; sb++) {
-        const block_q6_K *a = W + sb;
-        const float d = _cvtsh_ss(a->d);
-        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales));
-        const __m256i s16n = _mm256_mullo_epi16(s16, _mm256_set1_epi16(-32));
-        __m256i isum[8];
-#pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) isum[r] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-        for (int n = 0; n < 2; n++) {
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(a->qh + 32 * n));
-#pragma GCC unroll 2
-            for (int k2 = 0; k2 < 2; k2++) {
-                const __m256i ql = _mm256_loadu_si256((const __m256i *)(a->ql + 64 * n + 32 * k2));
-#pragma GCC unroll 2
-                for (int hi = 0; hi < 2; hi++) {
-                    const int k = k2 + 2 * hi;
-                    const __m256i lo4 = hi ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), low) : _mm256_and_si256(ql, low);
-                    __m256i h2;
-                    switch (k) {
-                    case 0: h2 = _mm256_slli_epi16(qh, 4); break;
-                    case 1: h2 = _mm256_slli_epi16(qh, 2); break;
-                    case 2: h2 = qh; break;
-                    default: h2 = _mm256_srli_epi16(qh, 2); break;
-                    }
-                    const __m256i wq = _mm256_or_si256(lo4, _mm256_and_si256(h2, hmask));
-                    const int j0 = 8 * n + 2 * k;
-                    const __m256i sv = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(a->scales[j0])),
-                                                               _mm_set1_epi16(a->scales[j0 + 1]), 1);
-#pragma GCC unroll 8
-                    for (int r = 0; r < NT; r++) {
-                        const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 128 * n + 32 * k;
-                        const __m256i p = _mm256_maddubs_epi16(wq, _mm256_loadu_si256((const __m256i *)xq));
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, sv));
-                    }
-                }
-            }
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) {
-            const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
-            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), s16n));
-            const float dx = act->d[(r0 + r) * (act->n_in / QK_K) + sb];
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * dx), acc[r]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
-}
-
-T2 static void mm_q4_K_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
-                            int64_t ds, int64_t o0, int64_t o1) {
-    const int64_t nsb = act->n_in / QK_K;
-    for (int64_t o = o0; o < o1; o++) {
-        const block_q4_K *W = (const block_q4_K *)((const char *)w + (size_t)o * w_nb1);
-        for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
-            const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q4K_tile2(W, nsb, act, rt, N, dst, ds, o)
-            TILE_SWITCH8(nt, CALL)
-#undef CALL
-        }
-    }
-}
-
-T2 static void mm_q6_K_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
-                            int64_t ds, int64_t o0, int64_t o1) {
-    const int64_t nsb = act->n_in / QK_K;
-    for (int64_t o = o0; o < o1; o++) {
-        const block_q6_K *W = (const block_q6_K *)((const char *)w + (size_t)o * w_nb1);
-        for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
-            const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q6K_tile2(W, nsb, act, rt, N, dst, ds, o)
-            TILE_SWITCH8(nt, CALL)
-#undef CALL
-        }
-    }
-}
-
-/* F32 / F16 / BF16 weights: cpu_gemm_float_avx2.c. */
+/* Q4_K / Q6_K weights: cpu_gemm_kquant_avx2.c; F32 / F16 / BF16 weights: cpu_gemm_float_avx2.c. */
 
 /* ---- attention helpers ------------------------------------------------------------------------ */
 
@@ -570,8 +427,7 @@ void cpu_kernels_init_avx2(cpu_kernels *k) {
     k->matmul[QUANT_TYPE_BF16] = cpu_mm_bf16_avx2;
     k->matmul[QUANT_TYPE_Q8_0] = mm_q8_0_avx2;
     k->matmul[QUANT_TYPE_Q4_0] = mm_q4_0_avx2;
-    k->matmul[QUANT_TYPE_Q4_K] = mm_q4_K_avx2;
-    k->matmul[QUANT_TYPE_Q6_K] = mm_q6_K_avx2;
+    cpu_kernels_init_kquant_avx2(k); /* Q4_K, Q6_K (cpu_gemm_kquant_avx2.c) */
     k->act_row[QUANT_TYPE_F32] = act_row_f32_avx2;
     k->act_row[QUANT_TYPE_F16] = act_row_f16_avx2;
     k->act_row[QUANT_TYPE_BF16] = act_row_bf16_avx2;

@@ -1,7 +1,7 @@
 /* cpu_kernels_avx512.c: AVX-512 (F, BW, VL, DQ) + VNNI kernels, compiled per function with target
  * attributes and selected at run time (cpu_kernels_select), so the rest of the build stays portable.
  *
- * Matmul kernels compute a range of output rows for a tile of up to 16 (8 for K-quants)
+ * Matmul kernels compute a range of output rows for a tile of up to 16
  * activation rows whose accumulators stay in registers: each weight block is loaded and decoded
  * once per tile and reused for every row of it.
  * - Q8_0 / Q4_0: 16 weight blocks are transposed into 8 vectors whose 32-bit lane j holds 4 values
@@ -9,10 +9,8 @@
  *   accumulates each block in its own lane (weights made unsigned: Q8_0 + 128, Q4_0 nibbles; the
  *   offset is removed exactly through the activation block sums), and one f32 scale per lane
  *   (d_w * d_x) applies per 16 blocks.
- * - Q4_K / Q6_K: two weight rows share a vector (low half row o, high half row o + 1); a chunk of
- *   32 activation values is broadcast to both halves; vpdpbusd (unsigned 4/6-bit weights x int8)
- *   then vpdpwssd with the integer sub-block scales accumulate a whole super-block exactly in
- *   int32; the Q4_K mins and the Q6_K -32 offset come from the Q8_K sums of 16.
+ * - Q4_K / Q6_K: in cpu_gemm_kquant_avx512.c (weight rows in lanes, one decode per super-block
+ *   of 16 weight rows for all activation rows).
  * - F32 / F16 / BF16: cpu_gemm_float_avx512.c. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_hsum_avx512.h"
@@ -425,211 +423,7 @@ T512 static void mm_q4_0_512(const void *w, size_t w_nb1, const cpu_act *act, in
     mm_q80_512(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
 }
 
-/* ---- Q4_K / Q6_K x Q8_K (two weight rows per vector) ---------------------------------------- */
-
-/* Broadcast 32 bytes to both 256-bit halves. */
-T512 INL __m512i bcast256(const void *p) { return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p)); }
-
-/* Two 32-byte pieces into one vector: a low, b high. */
-T512 INL __m512i pair256(const void *a, const void *b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
-                              _mm256_loadu_si256((const __m256i *)b), 1);
-}
-
-/* f16 -> f32 with F16C (exact, like fp16_to_fp32). */
-T512 INL float h2f(uint16_t h) { return _cvtsh_ss(h); }
-
-T512 INL __m512 pair_ps(float a, float b) {
-    return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
-}
-
-/* Horizontal sums of the two halves of v (the same order for both). */
-T512 INL void reduce_halves(__m512 v, float *lo, float *hi) {
-    __m256 a = _mm512_castps512_ps256(v), b = _mm512_extractf32x8_ps(v, 1);
-    __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 b4 = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
-    __m128 s = _mm_hadd_ps(a4, b4); /* a01 a23 b01 b23 */
-    s = _mm_hadd_ps(s, s);          /* a b a b */
-    *lo = _mm_cvtss_f32(s);
-    *hi = _mm_cvtss_f32(_mm_shuffle_ps(s, s, 1));
-}
-
-/* The 8 six-bit scales and mins of a Q4_K block (get_scale_min_k4 for j = 0..7) with 32-bit word
- * operations: bytes 0-3 hold sc0-3 / m0-3 in their low 6 bits and the high 2 bits of sc4-7 /
- * m4-7; bytes 8-11 hold the low 4 bits of sc4-7 (low nibbles) and m4-7 (high nibbles). */
-static void q4_K_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    uint32_t u[3], o[4];
-    memcpy(u, q, 12);
-    o[0] = u[0] & 0x3f3f3f3fu;                                            /* sc0-3 */
-    o[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);      /* sc4-7 */
-    o[2] = u[1] & 0x3f3f3f3fu;                                            /* m0-3 */
-    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* m4-7 */
-    memcpy(sc, o, 8);
-    memcpy(m, o + 2, 8);
-}
-
-T512 INL void q4K_tile(const block_q4_K *A, const block_q4_K *B, int64_t nsb, const cpu_act *act, int64_t r0,
-                       const int NT, float *dst, int64_t ds, int64_t oa, int64_t ob) {
-    __m512 acc[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) acc[r] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0f);
-    for (int64_t sb = 0; sb < nsb; sb++) {
-        const block_q4_K *a = A + sb, *b = B + sb;
-        uint8_t sc[16], mn[16];
-        q4_K_scales(a->scales, sc, mn);
-        q4_K_scales(b->scales, sc + 8, mn + 8);
-        const __m512 dv = pair_ps(h2f(a->d), h2f(b->d));
-        const __m512 dmv = pair_ps(h2f(a->dmin), h2f(b->dmin));
-        const __m512i m32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)mn));
-        const __m512i mv = _mm512_or_si512(m32, _mm512_slli_epi32(m32, 16)); /* (m_j, m_j) int16 pairs */
-        __m512i isum[8], isum2[8];
-#pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) isum[r] = isum2[r] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int c2 = 0; c2 < 4; c2++) {
-            const __m512i q = pair256(a->qs + 32 * c2, b->qs + 32 * c2);
-            const __m512i wl = _mm512_and_si512(q, low), wh = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
-            const __m512i sl = _mm512_mask_set1_epi32(_mm512_set1_epi32(sc[2 * c2]), 0xff00, sc[8 + 2 * c2]);
-            const __m512i sh = _mm512_mask_set1_epi32(_mm512_set1_epi32(sc[2 * c2 + 1]), 0xff00, sc[8 + 2 * c2 + 1]);
-#pragma GCC unroll 8
-            for (int r = 0; r < NT; r++) {
-                const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 64 * c2;
-                const __m512i pl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, bcast256(xq));
-                const __m512i ph = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wh, bcast256(xq + 32));
-                isum[r] = _mm512_dpwssd_epi32(isum[r], pl, sl);
-                isum2[r] = _mm512_dpwssd_epi32(isum2[r], ph, sh); /* second chain (exact int sums) */
-            }
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) {
-            const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
-            isum[r] = _mm512_add_epi32(isum[r], isum2[r]);
-            const __m512i msum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), bcast256(bs), mv);
-            const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (act->n_in / QK_K) + sb]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, dx), acc[r]);
-            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmv, dx), acc[r]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) {
-        float lo, hi;
-        reduce_halves(acc[r], &lo, &hi);
-        dst[(r0 + r) * ds + oa] = lo;
-        if (ob != oa) dst[(r0 + r) * ds + ob] = hi;
-    }
-}
-
-T512 INL void q6K_tile(const block_q6_K *A, const block_q6_K *B, int64_t nsb, const cpu_act *act, int64_t r0,
-                       const int NT, float *dst, int64_t ds, int64_t oa, int64_t ob) {
-    __m512 acc[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) acc[r] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0f), hmask = _mm512_set1_epi8(0x30);
-    const __m512i m16 = _mm512_set1_epi32(0xffff);
-    const __m512i sidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 16, 16, 16, 16, 17, 17, 17, 17);
-    for (int64_t sb = 0; sb < nsb; sb++) {
-        const block_q6_K *a = A + sb, *b = B + sb;
-        const __m512i sa = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)a->scales)), m16);
-        const __m512i sbv = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->scales)), m16);
-        /* -32 * scale as int16, for the offset through the Q8_K sums of 16 */
-        const __m512i s16 = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales))),
-            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales)), 1);
-        const __m512i s16n = _mm512_mullo_epi16(s16, _mm512_set1_epi16(-32));
-        const __m512 dv = pair_ps(h2f(a->d), h2f(b->d));
-        __m512i isum[8], isum2[8];
-#pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) isum[r] = isum2[r] = _mm512_setzero_si512();
-#pragma GCC unroll 2
-        for (int n = 0; n < 2; n++) {
-            const __m512i qh = pair256(a->qh + 32 * n, b->qh + 32 * n);
-#pragma GCC unroll 2
-            for (int k2 = 0; k2 < 2; k2++) {
-                const __m512i ql = pair256(a->ql + 64 * n + 32 * k2, b->ql + 64 * n + 32 * k2);
-#pragma GCC unroll 2
-                for (int hi = 0; hi < 2; hi++) {
-                    const int k = k2 + 2 * hi; /* value chunk 128n + 32k */
-                    const __m512i lo4 = hi ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), low) : _mm512_and_si512(ql, low);
-                    __m512i h2;
-                    switch (k) {
-                    case 0: h2 = _mm512_slli_epi16(qh, 4); break;
-                    case 1: h2 = _mm512_slli_epi16(qh, 2); break;
-                    case 2: h2 = qh; break;
-                    default: h2 = _mm512_srli_epi16(qh, 2); break;
-                    }
-                    const __m512i wq = _mm512_or_si512(lo4, _mm512_and_si512(h2, hmask));
-                    const int j0 = 8 * n + 2 * k; /* sub-blocks j0, j0 + 1 */
-                    const __m512i sv = _mm512_permutex2var_epi32(sa, _mm512_add_epi32(sidx, _mm512_set1_epi32(j0)), sbv);
-#pragma GCC unroll 8
-                    for (int r = 0; r < NT; r++) {
-                        const int8_t *xq = act->qs + (r0 + r) * act->n_in + sb * QK_K + 128 * n + 32 * k;
-                        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, bcast256(xq));
-                        if (k & 1) {
-                            isum2[r] = _mm512_dpwssd_epi32(isum2[r], p, sv); /* second chain */
-                        } else {
-                            isum[r] = _mm512_dpwssd_epi32(isum[r], p, sv);
-                        }
-                    }
-                }
-            }
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < NT; r++) {
-            const int16_t *bs = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
-            isum[r] = _mm512_dpwssd_epi32(_mm512_add_epi32(isum[r], isum2[r]), bcast256(bs), s16n);
-            const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (act->n_in / QK_K) + sb]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, dx), acc[r]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) {
-        float lo, hi;
-        reduce_halves(acc[r], &lo, &hi);
-        dst[(r0 + r) * ds + oa] = lo;
-        if (ob != oa) dst[(r0 + r) * ds + ob] = hi;
-    }
-}
-
-#define TILE_SWITCH8(NT_VAR, CALL)                                                                    \
-    switch (NT_VAR) {                                                                                 \
-    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
-    case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8); break; \
-    }
-
-T512 static void mm_q4_K_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
-                             int64_t ds, int64_t o0, int64_t o1) {
-    const int64_t nsb = act->n_in / QK_K;
-    for (int64_t o = o0; o < o1; o += 2) {
-        const int64_t ob = o + 1 < o1 ? o + 1 : o;
-        const block_q4_K *A = (const block_q4_K *)((const char *)w + (size_t)o * w_nb1);
-        const block_q4_K *B = (const block_q4_K *)((const char *)w + (size_t)ob * w_nb1);
-        for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
-            const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q4K_tile(A, B, nsb, act, rt, N, dst, ds, o, ob)
-            TILE_SWITCH8(nt, CALL)
-#undef CALL
-        }
-    }
-}
-
-T512 static void mm_q6_K_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
-                             int64_t ds, int64_t o0, int64_t o1) {
-    const int64_t nsb = act->n_in / QK_K;
-    for (int64_t o = o0; o < o1; o += 2) {
-        const int64_t ob = o + 1 < o1 ? o + 1 : o;
-        const block_q6_K *A = (const block_q6_K *)((const char *)w + (size_t)o * w_nb1);
-        const block_q6_K *B = (const block_q6_K *)((const char *)w + (size_t)ob * w_nb1);
-        for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
-            const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q6K_tile(A, B, nsb, act, rt, N, dst, ds, o, ob)
-            TILE_SWITCH8(nt, CALL)
-#undef CALL
-        }
-    }
-}
-
-/* F32 / F16 / BF16 weights: cpu_gemm_float_avx512.c. */
+/* Q4_K / Q6_K weights: cpu_gemm_kquant_avx512.c; F32 / F16 / BF16 weights: cpu_gemm_float_avx512.c. */
 
 /* ---- attention helpers ------------------------------------------------------------------------- */
 
@@ -884,8 +678,7 @@ void cpu_kernels_init_avx512(cpu_kernels *k) {
     k->matmul[QUANT_TYPE_BF16] = cpu_mm_bf16_avx512;
     k->matmul[QUANT_TYPE_Q8_0] = mm_q8_0_512;
     k->matmul[QUANT_TYPE_Q4_0] = mm_q4_0_512;
-    k->matmul[QUANT_TYPE_Q4_K] = mm_q4_K_512;
-    k->matmul[QUANT_TYPE_Q6_K] = mm_q6_K_512;
+    cpu_kernels_init_kquant_avx512(k); /* Q4_K, Q6_K (cpu_gemm_kquant_avx512.c) */
     k->act_row[QUANT_TYPE_F32] = act_row_f32_512;
     k->act_row[QUANT_TYPE_F16] = act_row_f16_512;
     k->act_row[QUANT_TYPE_BF16] = act_row_bf16_512;

@@ -1,0 +1,305 @@
+/* cpu_gemm_kquant_avx2.c: Q4_K / Q6_K x Q8_K matmul with AVX2 (no VNNI), the layout of
+ * cpu_gemm_kquant_avx512.c on 8 lanes: a group of 8 weight rows is decoded one super-block at a
+ * time (8x8 dword transposes, one weight row per 32-bit lane) into an L1 buffer that every
+ * activation row of the call reuses; 4 activation bytes are broadcast to all lanes and vpmaddubsw
+ * products are summed in int16 over a whole Q4_K sub-block (16 products per int16: at most
+ * 16 * 15 * 127 = 30480) or over half a Q6_K sub-block (4 products of at most 63 * 127), then one
+ * vpmaddwd with the lane's (scale, scale) pair gives the scaled int32 sum. Register tiles of up to
+ * 4 activation rows share each weight vector.
+ *
+ * Per (weight row, activation row): per super-block the exact int32 sums S and M, then
+ * acc = fma(f32(S), d * dx, acc) and (Q4_K) acc = fnmadd(f32(M), dmin * dx, acc), super-blocks in
+ * order from +0, so the bits do not depend on the tile, the row or output range, or the lane. */
+#include "backend/cpu/cpu_internal.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define T2 __attribute__((target("avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline))
+
+#define KQ2_W 8       /* weight rows per group (one per 32-bit lane) */
+#define KQ2_NT 4      /* activation rows per register tile */
+#define KQ2_RCHUNK 64 /* activation rows per sweep over a decoded super-block */
+
+/* One super-block of a group of 8 weight rows; lane i = weight row i of the group. */
+typedef struct kq2_dec {
+    __m256i w[64];   /* w[v]: values 4v .. 4v+3 (unsigned bytes: Q4_K 0..15, Q6_K 0..63) */
+    __m256i scp[16]; /* (sc_j, sc_j) int16 pairs: Q4_K j < 8 (6-bit), Q6_K j < 16 (int8) */
+    __m256i mp[8];   /* int16 pairs against sums-of-16 pairs: Q4_K (m_j, m_j); Q6_K -32 (sc_2p, sc_2p+1) */
+    __m256 d, dmin;  /* f16 d (and Q4_K dmin) as f32 */
+} kq2_dec;
+
+/* 8x8 dword transpose: c[k] lane i = dword k of r[i]. */
+T2 INL void transpose8(const __m256i r[8], __m256i c[8]) {
+    __m256i t[8], u[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    /* u[4i + e], 128-bit lane L: element 4L + e of rows 4i .. 4i + 3 */
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) {
+        c[e] = _mm256_permute2x128_si256(u[e], u[4 + e], 0x20);
+        c[4 + e] = _mm256_permute2x128_si256(u[e], u[4 + e], 0x31);
+    }
+}
+
+/* 32 bytes at offset off of each row's block, transposed: c[k] lane i = dword k of row i's. */
+T2 INL void load_t8(const uint8_t *const p[8], size_t off, __m256i c[8]) {
+    __m256i r[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_si256((const __m256i *)(p[i] + off));
+    transpose8(r, c);
+}
+
+/* 16 bytes at offset off of each row's block: h[t] lane i = dword t of row i's. */
+T2 INL void heads8(const uint8_t *const p[8], size_t off, __m256i h[4]) {
+    __m256i z[4];
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) { /* z[e], 128-bit lane L = row 4L + e */
+        z[e] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p[e] + off))),
+                                       _mm_loadu_si128((const __m128i *)(p[4 + e] + off)), 1);
+    }
+    const __m256i a = _mm256_unpacklo_epi32(z[0], z[1]), b = _mm256_unpackhi_epi32(z[0], z[1]);
+    const __m256i c = _mm256_unpacklo_epi32(z[2], z[3]), d = _mm256_unpackhi_epi32(z[2], z[3]);
+    h[0] = _mm256_unpacklo_epi64(a, c);
+    h[1] = _mm256_unpackhi_epi64(a, c);
+    h[2] = _mm256_unpacklo_epi64(b, d);
+    h[3] = _mm256_unpackhi_epi64(b, d);
+}
+
+T2 INL void prefetch8(const uint8_t *const p[8], size_t off, size_t bytes) {
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        for (size_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)p[i] + off + b, _MM_HINT_T0);
+        _mm_prefetch((const char *)p[i] + off + bytes - 1, _MM_HINT_T0);
+    }
+}
+
+/* Byte b of each lane (0..255) repeated in both int16 halves. */
+T2 INL __m256i byte_pair(__m256i v, int b) {
+    const __m256i x = _mm256_and_si256(_mm256_srli_epi32(v, 8 * b), _mm256_set1_epi32(0xff));
+    return _mm256_or_si256(x, _mm256_slli_epi32(x, 16));
+}
+
+/* f16 at byte offset off of each row's block, as f32. */
+T2 INL __m256 f16_lanes(const uint8_t *const p[8], size_t off) {
+    uint16_t h[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) memcpy(&h[i], p[i] + off, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+T2 INL void q4K_decode2(const uint8_t *const p[8], int64_t sb, kq2_dec *D) {
+    const size_t base = (size_t)sb * sizeof(block_q4_K);
+    D->d = f16_lanes(p, base + offsetof(block_q4_K, d));
+    D->dmin = f16_lanes(p, base + offsetof(block_q4_K, dmin));
+    __m256i h[4];
+    heads8(p, base, h); /* h[1..3] = the 12 scale bytes */
+    const __m256i m3f = _mm256_set1_epi32(0x3f3f3f3f), m0f = _mm256_set1_epi32(0x0f0f0f0f);
+    const __m256i m03 = _mm256_set1_epi32(0x03030303);
+    /* get_scale_min_k4 (cpu_matmul_ref.c) on whole words, lane by lane */
+    const __m256i u0 = h[1], u1 = h[2], u2 = h[3];
+    const __m256i o0 = _mm256_and_si256(u0, m3f);
+    const __m256i o1 = _mm256_or_si256(_mm256_and_si256(u2, m0f),
+                                       _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), m03), 4));
+    const __m256i o2 = _mm256_and_si256(u1, m3f);
+    const __m256i o3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m0f),
+                                       _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), m03), 4));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        D->scp[j] = byte_pair(j < 4 ? o0 : o1, j % 4);
+        D->mp[j] = byte_pair(j < 4 ? o2 : o3, j % 4);
+    }
+    const __m256i low = _mm256_set1_epi8(0x0f);
+#pragma GCC unroll 4
+    for (int c2 = 0; c2 < 4; c2++) { /* qs dwords 8 c2 + kk: values 64 c2 + 4 kk (low), + 32 (high) */
+        __m256i c[8];
+        load_t8(p, base + offsetof(block_q4_K, qs) + 32 * (size_t)c2, c);
+#pragma GCC unroll 8
+        for (int kk = 0; kk < 8; kk++) {
+            D->w[8 * (2 * c2) + kk] = _mm256_and_si256(c[kk], low);
+            D->w[8 * (2 * c2 + 1) + kk] = _mm256_and_si256(_mm256_srli_epi16(c[kk], 4), low);
+        }
+    }
+}
+
+T2 INL void q6K_decode2(const uint8_t *const p[8], int64_t sb, kq2_dec *D) {
+    const size_t base = (size_t)sb * sizeof(block_q6_K);
+    D->d = f16_lanes(p, base + offsetof(block_q6_K, d));
+    D->dmin = _mm256_setzero_ps();
+    __m256i h[4];
+    heads8(p, base + offsetof(block_q6_K, scales), h);
+    __m256i sc[16];
+    const __m256i lo16 = _mm256_set1_epi32(0xffff);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) {
+        sc[j] = _mm256_srai_epi32(_mm256_slli_epi32(h[j / 4], 24 - 8 * (j % 4)), 24);
+        D->scp[j] = _mm256_or_si256(_mm256_and_si256(sc[j], lo16), _mm256_slli_epi32(sc[j], 16));
+    }
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; q++) {
+        const __m256i na = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * q], 5));
+        const __m256i nb = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * q + 1], 5));
+        D->mp[q] = _mm256_or_si256(_mm256_and_si256(na, lo16), _mm256_slli_epi32(nb, 16));
+    }
+    __m256i ql[32], qh[16];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) load_t8(p, base + offsetof(block_q6_K, ql) + 32 * (size_t)i, ql + 8 * i);
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) load_t8(p, base + offsetof(block_q6_K, qh) + 32 * (size_t)i, qh + 8 * i);
+    const __m256i low = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(0x30);
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++) {
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) {
+#pragma GCC unroll 8
+            for (int ll = 0; ll < 8; ll++) {
+                /* values 128 n + 32 s + 4 ll: ql dword 16 n + 8 (s & 1) + ll, nibble s >> 1; qh
+                 * dword 8 n + ll, bits 2 s, 2 s + 1 */
+                const __m256i l4 = ql[16 * n + 8 * (s & 1) + ll];
+                const __m256i lo4 = s >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l4, 4), low) : _mm256_and_si256(l4, low);
+                const __m256i hv = qh[8 * n + ll];
+                __m256i h2;
+                switch (s) {
+                case 0: h2 = _mm256_slli_epi16(hv, 4); break;
+                case 1: h2 = _mm256_slli_epi16(hv, 2); break;
+                case 2: h2 = hv; break;
+                default: h2 = _mm256_srli_epi16(hv, 2); break;
+                }
+                D->w[32 * n + 8 * s + ll] = _mm256_or_si256(lo4, _mm256_and_si256(h2, hmask));
+            }
+        }
+    }
+}
+
+T2 INL __m256i bcast32_2(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* acc[r] (8 lanes, in memory) += super-block sb of the group for activation rows r0 .. r0+NT-1. */
+T2 INL void kq2_rows(const kq2_dec *D, const int Q6, const cpu_act *act, int64_t sb, int64_t r0, const int NT,
+                     float *acc) {
+    const int8_t *x0 = act->qs + r0 * act->n_in + sb * QK_K; /* row r at + r * n_in */
+    const int64_t n = act->n_in;
+    __m256i S[KQ2_NT];
+#pragma GCC unroll 4
+    for (int r = 0; r < NT; r++) S[r] = _mm256_setzero_si256();
+    /* Q4_K: 8 sub-blocks of 8 dwords, one int16 sum each; Q6_K: 32 half sub-blocks of 2 dwords */
+    const int nsum = Q6 ? 32 : 8, per = Q6 ? 2 : 8;
+#pragma GCC unroll 1
+    for (int j = 0; j < nsum; j++) {
+        __m256i s16[KQ2_NT];
+#pragma GCC unroll 8
+        for (int k = 0; k < per; k++) {
+            __m256i wv = D->w[per * j + k];
+            __asm__("" : "+x"(wv)); /* one load, NT uses */
+#pragma GCC unroll 4
+            for (int r = 0; r < NT; r++) {
+                const __m256i pr = _mm256_maddubs_epi16(wv, bcast32_2(x0 + r * n + 4 * (per * j + k)));
+                s16[r] = k == 0 ? pr : _mm256_add_epi16(s16[r], pr);
+            }
+        }
+        __m256i sc = D->scp[Q6 ? j / 2 : j];
+        __asm__("" : "+x"(sc));
+#pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[r], sc));
+    }
+    __m256i M[KQ2_NT];
+#pragma GCC unroll 4
+    for (int r = 0; r < NT; r++) M[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; q++) {
+#pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) {
+            const __m256i t = _mm256_madd_epi16(D->mp[q], bcast32_2(act->bsums + (r0 + r) * (n / 16) + sb * 16 + 2 * q));
+            if (Q6) {
+                S[r] = _mm256_add_epi32(S[r], t); /* -32 sc (bs_2q, bs_2q+1) */
+            } else {
+                M[r] = _mm256_add_epi32(M[r], t); /* m_q (bs_2q + bs_2q+1) */
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NT; r++) {
+        const __m256 dx = _mm256_set1_ps(act->d[(r0 + r) * (n / QK_K) + sb]);
+        __m256 a = _mm256_load_ps(acc + 8 * r);
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[r]), _mm256_mul_ps(D->d, dx), a);
+        if (!Q6) a = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M[r]), _mm256_mul_ps(D->dmin, dx), a);
+        _mm256_store_ps(acc + 8 * r, a);
+    }
+}
+
+T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const cpu_act *act, int64_t r0, int64_t nr,
+                       float *dst, int64_t ds, int64_t o0, int64_t o1) {
+    const int64_t nsb = act->n_in / QK_K;
+    const size_t bsz = Q6 ? sizeof(block_q6_K) : sizeof(block_q4_K);
+    kq2_dec D;
+    float acc[KQ2_RCHUNK * 8] __attribute__((aligned(32)));
+    for (int64_t o = o0; o < o1; o += KQ2_W) {
+        const int nw = o1 - o >= KQ2_W ? KQ2_W : (int)(o1 - o);
+        const uint8_t *p[KQ2_W]; /* missing rows repeat the last one (their lanes are not stored) */
+        for (int i = 0; i < KQ2_W; i++) p[i] = (const uint8_t *)w + (size_t)(o + (i < nw ? i : nw - 1)) * w_nb1;
+        for (int64_t rc = r0; rc < r0 + nr; rc += KQ2_RCHUNK) {
+            const int64_t nrc = r0 + nr - rc >= KQ2_RCHUNK ? KQ2_RCHUNK : r0 + nr - rc;
+            for (int64_t r = 0; r < nrc; r++) _mm256_store_ps(acc + 8 * r, _mm256_setzero_ps());
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                if (sb + 1 < nsb) prefetch8(p, (size_t)(sb + 1) * bsz, bsz);
+                if (Q6) {
+                    q6K_decode2(p, sb, &D);
+                } else {
+                    q4K_decode2(p, sb, &D);
+                }
+                for (int64_t rt = 0; rt < nrc; rt += KQ2_NT) {
+                    const int nt = nrc - rt >= KQ2_NT ? KQ2_NT : (int)(nrc - rt);
+                    float *a = acc + 8 * rt;
+                    switch (nt) {
+                    case 1: kq2_rows(&D, Q6, act, sb, rc + rt, 1, a); break;
+                    case 2: kq2_rows(&D, Q6, act, sb, rc + rt, 2, a); break;
+                    case 3: kq2_rows(&D, Q6, act, sb, rc + rt, 3, a); break;
+                    default: kq2_rows(&D, Q6, act, sb, rc + rt, 4, a); break;
+                    }
+                }
+            }
+            for (int64_t r = 0; r < nrc; r++) {
+                if (nw == KQ2_W) {
+                    _mm256_storeu_ps(dst + (rc + r) * ds + o, _mm256_load_ps(acc + 8 * r));
+                } else {
+                    memcpy(dst + (rc + r) * ds + o, acc + 8 * r, (size_t)nw * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+T2 static void mm_q4_K_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1) {
+    mm_kq_avx2(w, w_nb1, 0, act, r0, nr, dst, ds, o0, o1);
+}
+
+T2 static void mm_q6_K_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1) {
+    mm_kq_avx2(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
+}
+
+void cpu_kernels_init_kquant_avx2(cpu_kernels *k) {
+    k->matmul[QUANT_TYPE_Q4_K] = mm_q4_K_avx2;
+    k->matmul[QUANT_TYPE_Q6_K] = mm_q6_K_avx2;
+}
+
+#else
+void cpu_kernels_init_kquant_avx2(cpu_kernels *k) { (void)k; }
+#endif

@@ -1,0 +1,313 @@
+/* cpu_gemm_kquant_avx512.c: Q4_K / Q6_K x Q8_K matmul with AVX-512 VNNI, one code path for every
+ * number of activation rows (decode, verify, prefill), so a row's result never depends on the batch.
+ *
+ * Weight rows go in 32-bit lanes: a group of 16 weight rows is decoded one super-block at a time
+ * (16x16 dword transposes of the packed quants, nibbles / 6-bit values unpacked, sub-block scales
+ * as int32 lanes) into an L1 buffer (kq_dec, ~6 KiB); every activation row of the call then reuses
+ * it. For one activation row, 4 activation bytes are broadcast to all lanes and vpdpbusd
+ * accumulates a whole sub-block (32 values for Q4_K, 16 for Q6_K) per lane before one vpmulld by
+ * the lane's scale, so the integer work is about one vpdpbusd per 64 multiply-adds (the former
+ * two-rows-per-vector kernel needed a vpdpwssd per vpdpbusd). Register tiles of up to 8 activation
+ * rows share each weight vector. The Q4_K mins and the Q6_K -32 offset come from the Q8_K sums of
+ * 16 (vpdpwssd with int16 pairs per lane).
+ *
+ * Per (weight row, activation row) the computation is fixed: per super-block the exact int32 sums
+ * S (scaled dots, plus the Q6_K offset) and M (Q4_K mins), then acc = fma(f32(S), d * dx, acc) and
+ * (Q4_K) acc = fnmadd(f32(M), dmin * dx, acc), super-blocks in order, acc from +0. Lanes never mix,
+ * and the integer sums are exact whatever the order, so the bits do not depend on the tile size,
+ * the row range, the output range or the lane a row lands in (tests/test_gemm_kquant.c). */
+#include "backend/cpu/cpu_internal.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline))
+
+#define KQ_W 16       /* weight rows per group (one per 32-bit lane) */
+#define KQ_NT 8       /* activation rows per register tile */
+#define KQ_RCHUNK 64  /* activation rows per sweep (their Q8_K rows, sums and the decoded weights fit L1) */
+
+/* One super-block of a group of 16 weight rows; lane i = weight row i of the group. */
+typedef struct kq_dec {
+    __m512i w[64];  /* w[v]: values 4v .. 4v+3 (unsigned bytes: Q4_K 0..15, Q6_K 0..63) */
+    __m512i sc[16]; /* sub-block scales as int32: Q4_K 0..7 (6-bit), Q6_K 0..15 (int8) */
+    __m512i mp[8];  /* int16 pairs against sums-of-16 pairs: Q4_K (m_j, m_j); Q6_K -32 (sc_2p, sc_2p+1) */
+    __m512 d, dmin; /* f16 d (and Q4_K dmin) as f32 */
+} kq_dec;
+
+/* ---- decoding ------------------------------------------------------------------------------- */
+
+/* 16x16 dword transpose: c[k] lane i = dword k of r[i]. */
+T512 INL void transpose16(const __m512i r[16], __m512i c[16]) {
+    __m512i t[16], u[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    /* u[4i + e], 128-bit lane L: element 4L + e of rows 4i .. 4i + 3 */
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) {
+        const __m512i v0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44), v1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xee);
+        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44);
+        const __m512i v3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xee);
+        c[e] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+        c[4 + e] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+        c[8 + e] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+        c[12 + e] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+    }
+}
+
+/* 16 bytes at offset off of each row's block (p[i] + off): h[t] lane i = dword t of row i's. */
+T512 INL void heads16(const uint8_t *const p[16], size_t off, __m512i h[4]) {
+    __m512i z[4];
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) { /* z[e], 128-bit lane L = row 4L + e */
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p[e] + off)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p[4 + e] + off)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p[8 + e] + off)), 2);
+        z[e] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p[12 + e] + off)), 3);
+    }
+    const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i c = _mm512_unpacklo_epi32(z[2], z[3]), d = _mm512_unpackhi_epi32(z[2], z[3]);
+    h[0] = _mm512_unpacklo_epi64(a, c);
+    h[1] = _mm512_unpackhi_epi64(a, c);
+    h[2] = _mm512_unpacklo_epi64(b, d);
+    h[3] = _mm512_unpackhi_epi64(b, d);
+}
+
+/* 64 bytes at offset off of each row's block, transposed: c[k] lane i = dword k of row i's. */
+T512 INL void load_t16(const uint8_t *const p[16], size_t off, __m512i c[16]) {
+    __m512i r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(p[i] + off);
+    transpose16(r, c);
+}
+
+/* Touches the next super-block of the 16 rows (p[i] + off, bytes bytes each). */
+T512 INL void prefetch16(const uint8_t *const p[16], size_t off, size_t bytes) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) {
+        for (size_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)p[i] + off + b, _MM_HINT_T0);
+        _mm_prefetch((const char *)p[i] + off + bytes - 1, _MM_HINT_T0);
+    }
+}
+
+T512 INL __m512i byte_of(__m512i v, int b) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * b), _mm512_set1_epi32(0xff)); }
+
+/* Super-block sb of the rows p[i] (Q4_K). */
+T512 INL void q4K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
+    const size_t base = (size_t)sb * sizeof(block_q4_K);
+    __m512i h[4];
+    heads16(p, base, h); /* h[0] = d | dmin << 16, h[1..3] = scales */
+    D->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0]));
+    D->dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
+    const __m512i m3f = _mm512_set1_epi32(0x3f3f3f3f), m0f = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512i m03 = _mm512_set1_epi32(0x03030303);
+    /* get_scale_min_k4 (cpu_matmul_ref.c) on whole words, lane by lane */
+    const __m512i u0 = h[1], u1 = h[2], u2 = h[3];
+    const __m512i o0 = _mm512_and_si512(u0, m3f);
+    const __m512i o1 = _mm512_or_si512(_mm512_and_si512(u2, m0f),
+                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m03), 4));
+    const __m512i o2 = _mm512_and_si512(u1, m3f);
+    const __m512i o3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m0f),
+                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m03), 4));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        D->sc[j] = byte_of(j < 4 ? o0 : o1, j % 4);
+        const __m512i m = byte_of(j < 4 ? o2 : o3, j % 4);
+        D->mp[j] = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+    }
+    const __m512i low = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 2
+    for (int hh = 0; hh < 2; hh++) {
+        __m512i c[16];
+        load_t16(p, base + offsetof(block_q4_K, qs) + 64 * (size_t)hh, c);
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) {
+            const int q = 16 * hh + k, c2 = q / 8, kk = q % 8; /* qs dword q: values 64 c2 + 4 kk (+32) */
+            D->w[8 * (2 * c2) + kk] = _mm512_and_si512(c[k], low);
+            D->w[8 * (2 * c2 + 1) + kk] = _mm512_and_si512(_mm512_srli_epi16(c[k], 4), low);
+        }
+    }
+}
+
+/* Super-block sb of the rows p[i] (Q6_K). */
+T512 INL void q6K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
+    const size_t base = (size_t)sb * sizeof(block_q6_K);
+    uint16_t dh[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) memcpy(&dh[i], p[i] + base + offsetof(block_q6_K, d), 2);
+    D->d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
+    D->dmin = _mm512_setzero_ps();
+    __m512i h[4];
+    heads16(p, base + offsetof(block_q6_K, scales), h);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) D->sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(h[j / 4], 24 - 8 * (j % 4)), 24);
+    const __m512i lo16 = _mm512_set1_epi32(0xffff);
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; q++) {
+        const __m512i a = _mm512_slli_epi32(D->sc[2 * q], 5), b = _mm512_slli_epi32(D->sc[2 * q + 1], 5);
+        const __m512i na = _mm512_sub_epi32(_mm512_setzero_si512(), a), nb = _mm512_sub_epi32(_mm512_setzero_si512(), b);
+        D->mp[q] = _mm512_or_si512(_mm512_and_si512(na, lo16), _mm512_slli_epi32(nb, 16));
+    }
+    __m512i ql[32], qh[16];
+    load_t16(p, base + offsetof(block_q6_K, ql), ql);
+    load_t16(p, base + offsetof(block_q6_K, ql) + 64, ql + 16);
+    load_t16(p, base + offsetof(block_q6_K, qh), qh);
+    const __m512i low = _mm512_set1_epi8(0x0f), hmask = _mm512_set1_epi8(0x30);
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++) {
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) {
+#pragma GCC unroll 8
+            for (int ll = 0; ll < 8; ll++) {
+                /* values 128 n + 32 s + 4 ll: ql dword 16 n + 8 (s & 1) + ll (nibble s >> 1), qh dword
+                 * 8 n + ll (bits 2 s, 2 s + 1 of each byte) */
+                const __m512i l4 = ql[16 * n + 8 * (s & 1) + ll];
+                const __m512i lo4 = s >= 2 ? _mm512_and_si512(_mm512_srli_epi16(l4, 4), low) : _mm512_and_si512(l4, low);
+                const __m512i hv = qh[8 * n + ll];
+                __m512i h2;
+                switch (s) {
+                case 0: h2 = _mm512_slli_epi16(hv, 4); break;
+                case 1: h2 = _mm512_slli_epi16(hv, 2); break;
+                case 2: h2 = hv; break;
+                default: h2 = _mm512_srli_epi16(hv, 2); break;
+                }
+                D->w[32 * n + 8 * s + ll] = _mm512_or_si512(lo4, _mm512_and_si512(h2, hmask));
+            }
+        }
+    }
+}
+
+/* ---- the row tiles ---------------------------------------------------------------------------- */
+
+T512 INL __m512i bcast32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* acc[r] (16 lanes, in memory) += super-block sb of the group for activation rows r0 .. r0+NT-1.
+ * Q6: Q6_K (16 sub-blocks of 16, offset -32), else Q4_K (8 sub-blocks of 32, mins). */
+T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t sb, int64_t r0, const int NT,
+                      float *acc) {
+    const int8_t *x0 = act->qs + r0 * act->n_in + sb * QK_K; /* row r at + r * n_in */
+    const int16_t *bs[KQ_NT];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) bs[r] = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
+    const int nsub = Q6 ? 16 : 8, per = Q6 ? 4 : 8; /* sub-blocks, dwords per sub-block */
+    __m512i S[KQ_NT];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) S[r] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int j = 0; j < nsub; j++) { /* a loop, not unrolled: 2 NT + 3 live vectors, no spills */
+        __m512i dot[KQ_NT];
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) dot[r] = _mm512_setzero_si512();
+        const int8_t *xj = x0 + 4 * per * j;
+#pragma GCC unroll 8
+        for (int k = 0; k < per; k++) {
+            __m512i wv = D->w[per * j + k];
+            __asm__("" : "+v"(wv)); /* one load, NT uses */
+#pragma GCC unroll 8
+            for (int r = 0; r < NT; r++) dot[r] = _mm512_dpbusd_epi32(dot[r], wv, bcast32(xj + r * act->n_in + 4 * k));
+        }
+        __m512i sc = D->sc[j];
+        __asm__("" : "+v"(sc));
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot[r], sc));
+    }
+    __m512i M[KQ_NT];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) M[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; q++) {
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) {
+            if (Q6) {
+                S[r] = _mm512_dpwssd_epi32(S[r], D->mp[q], bcast32(bs[r] + 2 * q)); /* -32 sc (bs_2q, bs_2q+1) */
+            } else {
+                M[r] = _mm512_dpwssd_epi32(M[r], D->mp[q], bcast32(bs[r] + 2 * q)); /* m_q (bs_2q + bs_2q+1) */
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) {
+        const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (act->n_in / QK_K) + sb]);
+        __m512 a = _mm512_load_ps(acc + 16 * r);
+        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(D->d, dx), a);
+        if (!Q6) a = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[r]), _mm512_mul_ps(D->dmin, dx), a);
+        _mm512_store_ps(acc + 16 * r, a);
+    }
+}
+
+T512 INL void mm_kq_512(const void *w, size_t w_nb1, const int Q6, const cpu_act *act, int64_t r0, int64_t nr,
+                        float *dst, int64_t ds, int64_t o0, int64_t o1) {
+    const int64_t nsb = act->n_in / QK_K;
+    const size_t bsz = Q6 ? sizeof(block_q6_K) : sizeof(block_q4_K);
+    kq_dec D;
+    float acc[KQ_RCHUNK * 16] __attribute__((aligned(64)));
+    for (int64_t o = o0; o < o1; o += KQ_W) {
+        const int nw = o1 - o >= KQ_W ? KQ_W : (int)(o1 - o);
+        const __mmask16 mask = (__mmask16)((1u << nw) - 1);
+        const uint8_t *p[KQ_W]; /* missing rows repeat the last one (their lanes are not stored) */
+        for (int i = 0; i < KQ_W; i++) p[i] = (const uint8_t *)w + (size_t)(o + (i < nw ? i : nw - 1)) * w_nb1;
+        for (int64_t rc = r0; rc < r0 + nr; rc += KQ_RCHUNK) {
+            const int64_t nrc = r0 + nr - rc >= KQ_RCHUNK ? KQ_RCHUNK : r0 + nr - rc;
+            for (int64_t r = 0; r < nrc; r++) _mm512_store_ps(acc + 16 * r, _mm512_setzero_ps());
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                if (sb + 1 < nsb) prefetch16(p, (size_t)(sb + 1) * bsz, bsz);
+                if (Q6) {
+                    q6K_decode(p, sb, &D);
+                } else {
+                    q4K_decode(p, sb, &D);
+                }
+                for (int64_t rt = 0; rt < nrc; rt += KQ_NT) {
+                    const int nt = nrc - rt >= KQ_NT ? KQ_NT : (int)(nrc - rt);
+                    float *a = acc + 16 * rt;
+                    switch (nt) {
+                    case 1: kq_rows(&D, Q6, act, sb, rc + rt, 1, a); break;
+                    case 2: kq_rows(&D, Q6, act, sb, rc + rt, 2, a); break;
+                    case 3: kq_rows(&D, Q6, act, sb, rc + rt, 3, a); break;
+                    case 4: kq_rows(&D, Q6, act, sb, rc + rt, 4, a); break;
+                    case 5: kq_rows(&D, Q6, act, sb, rc + rt, 5, a); break;
+                    case 6: kq_rows(&D, Q6, act, sb, rc + rt, 6, a); break;
+                    case 7: kq_rows(&D, Q6, act, sb, rc + rt, 7, a); break;
+                    default: kq_rows(&D, Q6, act, sb, rc + rt, 8, a); break;
+                    }
+                }
+            }
+            for (int64_t r = 0; r < nrc; r++) _mm512_mask_storeu_ps(dst + (rc + r) * ds + o, mask, _mm512_load_ps(acc + 16 * r));
+        }
+    }
+}
+
+T512 static void mm_q4_K_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    mm_kq_512(w, w_nb1, 0, act, r0, nr, dst, ds, o0, o1);
+}
+
+T512 static void mm_q6_K_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    mm_kq_512(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
+}
+
+void cpu_kernels_init_kquant_avx512(cpu_kernels *k) {
+    k->matmul[QUANT_TYPE_Q4_K] = mm_q4_K_512;
+    k->matmul[QUANT_TYPE_Q6_K] = mm_q6_K_512;
+}
+
+#else
+void cpu_kernels_init_kquant_avx512(cpu_kernels *k) { (void)k; }
+#endif

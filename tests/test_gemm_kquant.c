@@ -260,3 +260,69 @@ TEST(gemm_kquant_batch_invariant_op) {
         backend_free(be);
     }
 }
+
+/* The Q8_K activation quantizer (Q4_K / Q6_K weights) on non-finite and tiny inputs, at every level:
+ * a super-block with a NaN or an Inf gets d = NaN, q = 0 and zero sums of 16 (no float -> int
+ * overflow, no int16 wrap; every dot with it is NaN), one whose values are all below 2^-100 gets
+ * d = 0 and q = 0; the bytes equal the scalar preparation's, and the matmul row is NaN exactly for
+ * the rows with a non-finite input. */
+TEST(gemm_q8_K_quantizer_nonfinite_and_tiny) {
+    enum { N_IN = 3 * QK_K, N_OUT = 5, ROWS = 4 };
+    static float x[ROWS][N_IN];
+    rng r = {777};
+    for (int i = 0; i < ROWS; i++)
+        for (int j = 0; j < N_IN; j++) x[i][j] = rng_f(&r);
+    x[1][QK_K + 17] = NAN;                       /* row 1: super-block 1 has a NaN */
+    x[2][0] = INFINITY;                          /* row 2: super-block 0 +Inf, 2 -Inf */
+    x[2][2 * QK_K + 255] = -INFINITY;
+    for (int j = 0; j < QK_K; j++) x[3][QK_K + j] = (float)(j % 3 - 1) * 1e-39f; /* row 3: super-block 1 tiny */
+    const bool bad[ROWS][3] = {{0}, {0, 1, 0}, {1, 0, 1}, {0}};
+    void *w = make_weight(&r, QUANT_TYPE_Q4_K, N_IN, N_OUT);
+    REQUIRE(w != NULL);
+    const size_t wrow = quant_row_size(QUANT_TYPE_Q4_K, N_IN);
+
+    static uint8_t mem_ref[1 << 15] __attribute__((aligned(64)));
+    static uint8_t mem[1 << 15] __attribute__((aligned(64)));
+    REQUIRE(cpu_act_bytes(CPU_DOT_Q8_K, N_IN, ROWS) <= sizeof(mem));
+    cpu_act a_ref;
+    cpu_act_layout(&a_ref, CPU_DOT_Q8_K, N_IN, ROWS, mem_ref);
+    for (int i = 0; i < ROWS; i++) cpu_act_row_q8_K_ref(&a_ref, i, x[i]);
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        cpu_kernels k;
+        cpu_kernels_select(&k, cpu_features_detect() & ~level_disable(level));
+        const char *lvl = k_level_names[level];
+        cpu_act a;
+        cpu_act_layout(&a, CPU_DOT_Q8_K, N_IN, ROWS, mem);
+        for (int i = 0; i < ROWS; i++) k.act_row[QUANT_TYPE_Q4_K](&a, i, x[i]);
+        for (int i = 0; i < ROWS; i++) {
+            for (int b = 0; b < 3; b++) {
+                const float d = a.d[i * 3 + b];
+                int nz = 0, ns = 0;
+                for (int j = 0; j < QK_K; j++) nz += a.qs[i * N_IN + b * QK_K + j] != 0;
+                for (int j = 0; j < QK_K / 16; j++) ns += a.bsums[i * (N_IN / 16) + b * 16 + j] != 0;
+                if (bad[i][b]) {
+                    CHECK_MSG(isnan(d) && nz == 0 && ns == 0,
+                              "%s: row %d super-block %d (NaN/Inf input): d %g, %d nonzero q, %d nonzero sums", lvl, i, b,
+                              d, nz, ns);
+                } else if (i == 3 && b == 1) {
+                    CHECK_MSG(d == 0.0f && nz == 0 && ns == 0, "%s: row 3 super-block 1 (tiny): d %g, %d nonzero q", lvl,
+                              d, nz);
+                } else {
+                    CHECK_MSG(isfinite(d) && d != 0.0f, "%s: row %d super-block %d: d %g", lvl, i, b, d);
+                }
+            }
+        }
+        CHECK_MSG(memcmp(a.qs, a_ref.qs, (size_t)(N_IN * ROWS)) == 0, "%s: q differ from the reference", lvl);
+        CHECK_MSG(memcmp(a.d, a_ref.d, sizeof(float) * 3 * ROWS) == 0, "%s: d differ from the reference", lvl);
+        CHECK_MSG(memcmp(a.bsums, a_ref.bsums, sizeof(int16_t) * (size_t)(N_IN / 16 * ROWS)) == 0,
+                  "%s: sums differ from the reference", lvl);
+        float y[ROWS][N_OUT];
+        k.matmul[QUANT_TYPE_Q4_K](w, wrow, &a, 0, ROWS, &y[0][0], N_OUT, 0, N_OUT);
+        for (int i = 0; i < ROWS; i++)
+            for (int o = 0; o < N_OUT; o++)
+                CHECK_MSG((i == 1 || i == 2) ? isnan(y[i][o]) : isfinite(y[i][o]), "%s: y[%d][%d] = %g", lvl, i, o,
+                          y[i][o]);
+    }
+    free(w);
+}

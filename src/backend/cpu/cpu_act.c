@@ -144,15 +144,17 @@ void cpu_act_row_q8_K_ref(cpu_act *act, int64_t r, const float *x) {
         const float *xb = x + b * QK_K;
         int8_t *qb = qs + b * QK_K;
         float max = 0.0f, amax = 0.0f;
+        bool bad = false;
         for (int j = 0; j < QK_K; j++) {
             const float ax = fabsf(xb[j]);
+            bad |= !isfinite(xb[j]);
             if (ax > amax) {
                 amax = ax;
                 max = xb[j];
             }
         }
-        if (amax == 0.0f) {
-            d[b] = 0.0f;
+        if (bad || amax < CPU_Q8_0_AMAX_MIN) { /* NaN / Inf: d = NaN (every dot with it is NaN); tiny: d = 0 */
+            d[b] = bad ? NAN : 0.0f;
             memset(qb, 0, QK_K);
             for (int j = 0; j < QK_K / 16; j++) bsums[b * (QK_K / 16) + j] = 0;
             continue;

@@ -29,9 +29,9 @@ static inline int64_t cpu_q8_0_row_pad(int64_t n_in) {
     return (n_in + CPU_Q8_0_GROUP_VALUES - 1) / CPU_Q8_0_GROUP_VALUES * CPU_Q8_0_GROUP_VALUES;
 }
 
-/* Q8_0 activation blocks with amax below this get q = 0 (d = amax / 127 rounds to f16 0 for all of
- * them, so nothing changes, and 127 / amax stays finite); blocks with a NaN / Inf get d = NaN, q = 0
- * (cpu_act.c, the same in every quantizer). */
+/* Q8_0 and Q8_K activation blocks with amax below this get q = 0 and d = 0 (a Q8_0 d = amax / 127
+ * rounds to f16 0 for all of them anyway, and 127 / amax stays finite); blocks with a NaN / Inf get
+ * d = NaN, q = 0 and zero sums (cpu_act.c, the same in every quantizer). */
 #define CPU_Q8_0_AMAX_MIN 0x1p-100f
 
 /* Byte offset of value i of a Q8_0 activation row in the transposed layout. */

@@ -166,10 +166,15 @@ T2 static void act_row_q8_K_avx2(cpu_act *act, int64_t r, const float *x) {
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK_K;
         __m256 am = _mm256_setzero_ps();
-        for (int j = 0; j < QK_K; j += 8) am = _mm256_max_ps(am, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
+        int bad = 0;
+        for (int j = 0; j < QK_K; j += 8) {
+            const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j));
+            bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(INFINITY), _CMP_NLT_UQ)); /* NaN or Inf */
+            am = _mm256_max_ps(am, a);
+        }
         const float amax = hmax8(am);
-        if (amax == 0.0f) {
-            d[b] = 0.0f;
+        if (bad || amax < CPU_Q8_0_AMAX_MIN) { /* as cpu_act_row_q8_K_ref: NaN / Inf -> d = NaN; tiny -> 0 */
+            d[b] = bad ? NAN : 0.0f;
             memset(qs + b * QK_K, 0, QK_K);
             memset(bsums + b * 16, 0, 16 * sizeof(int16_t));
             continue;

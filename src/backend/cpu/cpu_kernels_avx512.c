@@ -115,10 +115,15 @@ T512 static void act_row_q8_K_512(cpu_act *act, int64_t r, const float *x) {
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK_K;
         __m512 am = _mm512_setzero_ps();
-        for (int j = 0; j < QK_K; j += 16) am = _mm512_max_ps(am, _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j)));
+        __mmask16 bad = 0;
+        for (int j = 0; j < QK_K; j += 16) {
+            const __m512 a = _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j));
+            bad |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ); /* NaN or Inf */
+            am = _mm512_max_ps(am, a);
+        }
         const float amax = _mm512_reduce_max_ps(am);
-        if (amax == 0.0f) {
-            d[b] = 0.0f;
+        if (bad || amax < CPU_Q8_0_AMAX_MIN) { /* as cpu_act_row_q8_K_ref: NaN / Inf -> d = NaN; tiny -> 0 */
+            d[b] = bad ? NAN : 0.0f;
             memset(qs + b * QK_K, 0, QK_K);
             memset(bsums + b * 16, 0, 16 * sizeof(int16_t));
             continue;

@@ -8,6 +8,7 @@
  *   values: w = d * sc * v - dmin * mn, so that sum w x = d dx sum_j sc_j (v_j . x_j)
  *   - dmin dx sum_j mn_j bsum_j with the Q8_K sums of 16. Q3_K stores q + 4 (0..7) with mn = 4 sc
  *   and dmin = d; unsigned IQ4_XS stores value + 128 with mn = 128 sc and dmin = d.
+ * Also the 8x8 dword transpose every AVX2 kernel file uses (dx_transpose8).
  * Functions are always_inline with the AVX2 target, so AVX-512 callers inline them too. */
 #ifndef DFL_BACKEND_CPU_DECODE_EXT_H
 #define DFL_BACKEND_CPU_DECODE_EXT_H

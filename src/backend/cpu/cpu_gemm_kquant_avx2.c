@@ -11,6 +11,7 @@
  * acc = fma(f32(S), d * dx, acc) and (Q4_K) acc = fnmadd(f32(M), dmin * dx, acc), super-blocks in
  * order from +0, so the bits do not depend on the tile, the row or output range, or the lane. */
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_decode_ext.h" /* dx_transpose8 */
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -32,35 +33,12 @@ typedef struct kq2_dec {
     __m256 d, dmin;  /* f16 d (and Q4_K dmin) as f32 */
 } kq2_dec;
 
-/* 8x8 dword transpose: c[k] lane i = dword k of r[i]. */
-T2 INL void transpose8(const __m256i r[8], __m256i c[8]) {
-    __m256i t[8], u[8];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-#pragma GCC unroll 2
-    for (int i = 0; i < 2; i++) {
-        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    /* u[4i + e], 128-bit lane L: element 4L + e of rows 4i .. 4i + 3 */
-#pragma GCC unroll 4
-    for (int e = 0; e < 4; e++) {
-        c[e] = _mm256_permute2x128_si256(u[e], u[4 + e], 0x20);
-        c[4 + e] = _mm256_permute2x128_si256(u[e], u[4 + e], 0x31);
-    }
-}
-
 /* 32 bytes at offset off of each row's block, transposed: c[k] lane i = dword k of row i's. */
 T2 INL void load_t8(const uint8_t *const p[8], size_t off, __m256i c[8]) {
     __m256i r[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_si256((const __m256i *)(p[i] + off));
-    transpose8(r, c);
+    dx_transpose8(r, c);
 }
 
 /* 16 bytes at offset off of each row's block: h[t] lane i = dword t of row i's. */

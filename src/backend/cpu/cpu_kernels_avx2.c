@@ -11,6 +11,7 @@
  *   weight rows for all activation rows).
  * - F32 / F16 / BF16: cpu_gemm_float_avx2.c. */
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_decode_ext.h" /* dx_transpose8 */
 #include "base/fp16.h"
 
 #if defined(__x86_64__)
@@ -43,28 +44,6 @@ T2 INL float hmax8(__m256 v) {
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}
-
-/* 8x8 dword transpose: r[j] (row j, column k) -> c[k]. */
-T2 INL void transpose8(const __m256i r[8], __m256i c[8]) {
-    __m256i t[8], u[8];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-#pragma GCC unroll 2
-    for (int i = 0; i < 2; i++) {
-        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        c[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
-        c[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
-    }
 }
 
 /* ---- activation preparation ------------------------------------------------------------------ */
@@ -220,7 +199,7 @@ T2 INL void q80_half(const void *wrow, const int Q4, int64_t b0, int nv, __m256i
             r[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
             dd[j] = j < nv ? blk[j].d : 0;
         }
-        transpose8(r, w);
+        dx_transpose8(r, w);
     } else {
         const block_q8_0 *blk = (const block_q8_0 *)wrow + b0;
         __m256i r[8];
@@ -229,7 +208,7 @@ T2 INL void q80_half(const void *wrow, const int Q4, int64_t b0, int nv, __m256i
             r[j] = j < nv ? _mm256_loadu_si256((const __m256i *)blk[j].qs) : _mm256_setzero_si256();
             dd[j] = j < nv ? blk[j].d : 0;
         }
-        transpose8(r, w);
+        dx_transpose8(r, w);
     }
     *dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dd));
 }

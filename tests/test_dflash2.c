@@ -248,23 +248,13 @@ static bool lossless_case(test_ctx *t, dfl_model *tm, dfl_model *dm, int n_seq, 
     }
     dfl_seq_params sp = dfl_seq_default_params();
     sp.max_tokens = N_GEN;
-    bool ok = true;
-    for (int s = 0; s < n_seq && ok; s++) {
-        ok = dfl_engine_seq_start(e, s, prompts[s], prompt_len + s, &sp, &err) == DFL_OK;
-        dfl_seq_output out;
-        dfl_engine_seq_read(e, s, &out, &err);
-        for (int64_t j = 0; j < out.n_tokens; j++) got[s][n_got[s]++] = out.tokens[j];
-        o.done[s] = n_got[s];
+    int32_t *pp[8];
+    int64_t lens[8];
+    for (int s = 0; s < n_seq; s++) {
+        pp[s] = prompts[s];
+        lens[s] = prompt_len + s;
     }
-    for (int guard = 0; ok && dfl_engine_n_active(e) > 0 && guard < 1000; guard++) {
-        ok = dfl_engine_step(e, NULL, 0, &err) == DFL_OK;
-        for (int s = 0; ok && s < n_seq; s++) {
-            dfl_seq_output out;
-            dfl_engine_seq_read(e, s, &out, &err);
-            for (int64_t j = 0; j < out.n_tokens && n_got[s] < N_GEN + 64; j++) got[s][n_got[s]++] = out.tokens[j];
-            o.done[s] = n_got[s];
-        }
-    }
+    bool ok = tu_engine_generate(e, n_seq, pp, lens, &sp, &got[0][0], N_GEN + 64, n_got, &o, &err);
     if (!ok) test_fail(t, __FILE__, __LINE__, "engine step: %s", err.msg);
     for (int s = 0; s < n_seq && ok; s++) {
         if (n_got[s] != N_GEN) {

@@ -268,23 +268,13 @@ static bool lossless_case(test_ctx *t, dfl_model *tm, dfl_model *dm, dfl_context
     }
     dfl_seq_params sp = dfl_seq_default_params();
     sp.max_tokens = N_GEN;
-    bool ok = true;
-    for (int s = 0; s < n_seq && ok; s++) {
-        ok = dfl_engine_seq_start(e, s, prompts[s], plen + s, &sp, &err) == DFL_OK;
-        dfl_seq_output out;
-        dfl_engine_seq_read(e, s, &out, &err);
-        for (int64_t j = 0; j < out.n_tokens; j++) got[s][n_got[s]++] = out.tokens[j];
-        o.done[s] = n_got[s];
+    int32_t *pp[8];
+    int64_t lens[8];
+    for (int s = 0; s < n_seq; s++) {
+        pp[s] = prompts[s];
+        lens[s] = plen + s;
     }
-    for (int guard = 0; ok && dfl_engine_n_active(e) > 0 && guard < 1000; guard++) {
-        ok = dfl_engine_step(e, NULL, 0, &err) == DFL_OK;
-        for (int s = 0; s < n_seq && ok; s++) {
-            dfl_seq_output out;
-            dfl_engine_seq_read(e, s, &out, &err);
-            for (int64_t j = 0; j < out.n_tokens && n_got[s] < MAXG; j++) got[s][n_got[s]++] = out.tokens[j];
-            o.done[s] = n_got[s];
-        }
-    }
+    bool ok = tu_engine_generate(e, n_seq, pp, lens, &sp, &got[0][0], MAXG, n_got, &o, &err);
     if (!ok) test_fail(t, __FILE__, __LINE__, "engine run: %s", err.msg);
     int64_t steps = 0, acc = 0;
     for (int s = 0; s < n_seq && ok; s++) {

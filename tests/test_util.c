@@ -224,3 +224,26 @@ void tu_pair_close(tu_pair *p) {
     dfl_model_free(p->target);
     memset(p, 0, sizeof(*p));
 }
+
+/* Appends what sequence s produced since the last read to got + s * cap. */
+static void tu_engine_collect(dfl_engine *e, int s, int32_t *got, int64_t cap, int64_t *n_got, tu_oracle *o,
+                              dfl_error *err) {
+    dfl_seq_output out;
+    dfl_engine_seq_read(e, s, &out, err);
+    for (int64_t j = 0; j < out.n_tokens && n_got[s] < cap; j++) got[s * cap + n_got[s]++] = out.tokens[j];
+    if (o != NULL) o->done[s] = n_got[s];
+}
+
+bool tu_engine_generate(dfl_engine *e, int n_seq, int32_t *const *prompts, const int64_t *lens, const dfl_seq_params *sp,
+                        int32_t *got, int64_t cap, int64_t *n_got, tu_oracle *o, dfl_error *err) {
+    bool ok = true;
+    for (int s = 0; s < n_seq && ok; s++) {
+        ok = dfl_engine_seq_start(e, s, prompts[s], lens[s], sp, err) == DFL_OK;
+        if (ok) tu_engine_collect(e, s, got, cap, n_got, o, err);
+    }
+    for (int guard = 0; ok && dfl_engine_n_active(e) > 0 && guard < 1000; guard++) {
+        ok = dfl_engine_step(e, NULL, 0, err) == DFL_OK;
+        for (int s = 0; ok && s < n_seq; s++) tu_engine_collect(e, s, got, cap, n_got, o, err);
+    }
+    return ok;
+}

@@ -41,6 +41,11 @@ typedef struct tu_oracle {
     int mode;
 } tu_oracle;
 void tu_oracle_hook(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
+/* Starts sequences 0 .. n_seq-1 of e (prompts[s], lens[s] tokens, params sp) and steps until none is
+ * active (at most 1000 steps), appending each sequence's tokens to got + s * cap (n_got[s], at most
+ * cap) and keeping o->done up to date (o may be NULL). False on an engine error (err says which). */
+bool tu_engine_generate(dfl_engine *e, int n_seq, int32_t *const *prompts, const int64_t *lens, const dfl_seq_params *sp,
+                        int32_t *got, int64_t cap, int64_t *n_got, tu_oracle *o, dfl_error *err);
 /* Parses the "results":[[ids...],[ids...]] arrays of a peer script's JSON line into res
  * [n_rows][n_cols] (row-major; ids past n_cols are ignored). With exact, a row of fewer than n_cols
  * ids is an error. *n_res = rows parsed (at most n_rows). False on bad syntax. */

@@ -97,6 +97,10 @@ typedef struct dfl_context_params {
     int32_t n_threads_batch;/* threads for batches; <= 0: all cores */
     bool kv_f32;            /* KV cache in f32 (default f16, like llama.cpp) */
     bool async;             /* the context's queue runs on a worker thread */
+    /* read the weights only as stored: no packed copy for the CPU kernels (default: Q8_0 weights
+     * with n_in a multiple of 512 are repacked once per model and backend; same results, faster;
+     * the copy takes about the size of those weights) */
+    bool no_weight_pack;
     /* the backend (thread pool) of another context to share; NULL: create one */
     dfl_context *share_backend;
     /* a drafter context (arch dflash) REQUIRES its target context: it shares the target's
@@ -410,6 +414,7 @@ typedef struct dfl_engine_params {
     int32_t n_threads;        /* threads for steps; <= 0: all cores */
     int32_t n_threads_batch;  /* threads for prompt batches; <= 0: all cores */
     bool kv_f32;              /* KV caches in f32 (default f16) */
+    bool no_weight_pack;      /* no packed weight copies (dfl_context_params.no_weight_pack) */
     bool async;               /* queues run on worker threads */
     dfl_device device;        /* default DFL_DEVICE_CPU */
     /* speculative decoding (read only with a drafter; docs/drafter.md) */

@@ -182,6 +182,7 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
     if (!strcmp(a, "--json")) { o->json = true; return 1; }
     if (!strcmp(a, "--no-spec")) { o->no_spec = true; return 1; }
     if (!strcmp(a, "--async")) { o->async = true; return 1; }
+    if (!strcmp(a, "--no-repack")) { o->no_repack = true; return 1; }
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { o->verbose = true; return 1; }
 #undef NEED_VALUE
 #undef BAD
@@ -222,6 +223,8 @@ void cli_print_common_help(FILE *out) {
             "  --device cpu|cuda       where the model runs (default cpu; cuda needs a CUDA build)\n"
             "  --no-spec               ignore the drafter (plain autoregressive decoding)\n"
             "  --async                 queues run on worker threads (like GPU streams)\n"
+            "  --no-repack             read the weights as stored: no packed copy of the Q8_0\n"
+            "                          weights for the CPU kernels (same output, slower)\n"
             "  --json                  print one JSON object at the end instead of streaming\n",
             cli_default_model_dir());
 }
@@ -293,6 +296,7 @@ dfl_engine_params cli_engine_params(const cli_opts *o) {
     ep.features = o->features;
     ep.wait = o->feature_wait;
     ep.feature_buffer_max = (size_t)o->feature_buffer_max;
+    ep.no_weight_pack = o->no_repack;
     return ep;
 }
 

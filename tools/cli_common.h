@@ -43,6 +43,7 @@ typedef struct cli_opts {
     int64_t feature_buffer_max; /* bytes, 0: no cap */
     int32_t n_seq;
     dfl_device device;        /* --device cpu|cuda */
+    bool no_repack;           /* --no-repack: weights read as stored (no packed copy) */
 } cli_opts;
 
 void cli_opts_default(cli_opts *o);

@@ -70,6 +70,7 @@ static dfl_context *bench_ctx_new(bench *b, int32_t n_seq, int64_t n_ctx, int64_
     cp.n_threads = threads > 0 ? threads : b->o.n_threads;
     cp.n_threads_batch = threads > 0 ? threads : b->o.n_threads_batch;
     cp.device = b->o.device;
+    cp.no_weight_pack = b->o.no_repack;
     dfl_context *c = dfl_context_new(b->s.target, &cp, &err);
     if (c == NULL) fprintf(stderr, "dflash bench: %s\n", err.msg);
     return c;

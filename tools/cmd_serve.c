@@ -118,6 +118,7 @@ int cmd_serve(int argc, char **argv) {
     ep->features = o.features;
     ep->wait = o.feature_wait;
     ep->feature_buffer_max = (size_t)o.feature_buffer_max;
+    ep->no_weight_pack = o.no_repack;
     so.sampler.temp = o.temp;
     so.sampler.top_k = o.top_k;
     so.sampler.top_p = o.top_p;

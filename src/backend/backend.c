@@ -173,10 +173,31 @@ static dfl_status check_tensor(dfl_error *err, const backend_op *op, const char 
     if (what == NULL && t->ne[0] % ti->blck_size != 0) what = "ne[0] is not a multiple of the block size";
     if (what == NULL && t->nb[0] != ti->type_size) what = "rows must be contiguous (nb[0] = the element/block size)";
     if (what == NULL && t->data == NULL) what = "has no data";
+    if (what == NULL && t->layout != TENSOR_LAYOUT_PLAIN) what = "is a packed weight (only a matmul's w may be one)";
     if (what == NULL) return DFL_OK;
     char s[128];
     shape_str(t, s, sizeof(s)); /* formatted only on error: this runs for every op */
     return error_set(err, DFL_ERR_INVALID, "op %s: %s %s %s", backend_op_name(op->kind), name, s, what);
+}
+
+/* A matmul weight: a plain tensor (check_tensor), or a packed one whose layout fits its type and
+ * shape (backend.h: tensor_layout). */
+static dfl_status check_weight(dfl_error *err, const backend_op *op, const tensor *w) {
+    if (w->layout == TENSOR_LAYOUT_PLAIN) return check_tensor(err, op, "w", w);
+    const char *what = NULL;
+    if (w->layout != TENSOR_LAYOUT_Q8_0_X16) {
+        what = "has an unknown layout";
+    } else if (w->type != QUANT_TYPE_Q8_0) {
+        what = "is packed as q8_0 x16 but is not q8_0";
+    } else if (w->ne[0] <= 0 || w->ne[0] % 512 != 0 || w->ne[1] <= 0 || w->ne[2] != 1 || w->ne[3] != 1) {
+        what = "is packed as q8_0 x16: needs 2 dims with ne[0] a multiple of 512";
+    } else if (w->nb[1] % 64 != 0 || w->nb[1] < (size_t)(w->ne[0] / 32) * 34 || w->data == NULL || ((uintptr_t)w->data & 63) != 0) {
+        what = "is packed as q8_0 x16: rows must be 64-byte aligned and hold ne[0] / 32 * 34 bytes";
+    }
+    if (what == NULL) return DFL_OK;
+    char s[128];
+    shape_str(w, s, sizeof(s));
+    return error_set(err, DFL_ERR_INVALID, "op %s: w %s %s", backend_op_name(op->kind), s, what);
 }
 
 static dfl_status check_type(dfl_error *err, const backend_op *op, const char *name, const tensor *t,
@@ -232,7 +253,7 @@ static dfl_status validate_generic(const backend_op *op, dfl_error *err) {
     switch (op->kind) {
     case BACKEND_OP_MATMUL: {
         TRY(check_tensor(err, op, "dst", d));
-        TRY(check_tensor(err, op, "w", s0));
+        TRY(check_weight(err, op, s0));
         TRY(check_tensor(err, op, "x", s1));
         if (!backend_matmul_type_supported(s0->type)) {
             return error_set(err, DFL_ERR_INVALID,
@@ -387,7 +408,7 @@ static dfl_status validate_generic(const backend_op *op, dfl_error *err) {
         return DFL_OK;
     case BACKEND_OP_MATMUL_ARGMAX:
         TRY(check_tensor(err, op, "dst", d));
-        TRY(check_tensor(err, op, "w", s0));
+        TRY(check_weight(err, op, s0));
         TRY(check_tensor(err, op, "x", s1));
         if (!backend_matmul_type_supported(s0->type)) {
             return error_set(err, DFL_ERR_INVALID, "op matmul_argmax: weight type %s is not supported",
@@ -443,6 +464,16 @@ void backend_free(backend *be) {
 }
 
 backend_caps backend_get_caps(const backend *be) { return be->vt->caps(be); }
+
+size_t backend_weight_pack_size(const backend *be, const tensor *w) {
+    if (be->vt->weight_pack_size == NULL || w->layout != TENSOR_LAYOUT_PLAIN) return 0;
+    return be->vt->weight_pack_size(be, w);
+}
+
+tensor backend_weight_pack(const backend *be, const tensor *w, void *dst) {
+    DFL_ASSERT(be->vt->weight_pack != NULL && ((uintptr_t)dst & 63) == 0);
+    return be->vt->weight_pack(be, w, dst);
+}
 
 backend_buffer *backend_buffer_alloc(backend *be, size_t size, dfl_error *err) {
     if (size == 0) {

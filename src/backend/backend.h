@@ -41,7 +41,21 @@ typedef struct tensor {
     size_t nb[TENSOR_MAX_DIMS];   /* byte strides */
     void *data;                   /* first element */
     backend_buffer *buf;          /* owning buffer or NULL */
+    uint32_t layout;              /* tensor_layout: TENSOR_LAYOUT_PLAIN, or a packed weight */
 } tensor;
+
+/* How the bytes of a tensor are arranged. PLAIN is the GGUF / ggml layout every op reads. A
+ * packed layout is a weight rearranged once, at load, for one backend's matmul kernels
+ * (backend_weight_pack); only op_matmul / op_matmul_argmax accept it, as their weight.
+ * TENSOR_LAYOUT_Q8_0_X16 (CPU): a Q8_0 weight with n_in a multiple of 512; row o (nb[1] bytes
+ * apart, a multiple of 64) holds its n_in / 512 groups of 16 blocks, each as 512 bytes where byte
+ * k*64 + j*4 + e is value 4k + e of block j plus 128 (as an unsigned byte; k 0..7, j 0..15,
+ * e 0..3), followed by the n_in / 32 block scales (f16, block order). The same bytes as the row's
+ * Q8_0 blocks, transposed like the prepared Q8_0 activations (docs/cpu-kernels.md). */
+typedef enum tensor_layout {
+    TENSOR_LAYOUT_PLAIN = 0,
+    TENSOR_LAYOUT_Q8_0_X16 = 1,
+} tensor_layout;
 
 /* A contiguous n-d view (ne1..ne3 = 1 when absent). ne0 must be a multiple of the block size. */
 tensor tensor_1d(uint32_t type, void *data, int64_t ne0);
@@ -109,6 +123,14 @@ typedef struct backend_caps {
 } backend_caps;
 
 backend_caps backend_get_caps(const backend *be);
+
+/* Packed weights. backend_weight_pack_size: the bytes a copy of matmul weight w [n_in, n_out]
+ * (PLAIN, contiguous rows, host-readable) takes in the layout be's matmul kernels read fastest,
+ * or 0 when be reads w as it is (then use w). backend_weight_pack writes that copy into dst (host
+ * memory of be, 64-byte aligned, pack_size bytes) and returns the view of it to pass to
+ * op_matmul instead of w; the results are the same bits as with w. */
+size_t backend_weight_pack_size(const backend *be, const tensor *w);
+tensor backend_weight_pack(const backend *be, const tensor *w, void *dst);
 
 /* ---- buffers ---------------------------------------------------------------------------- */
 

@@ -249,6 +249,7 @@ dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, co
     cp.n_threads = p.n_threads;
     cp.n_threads_batch = p.n_threads_batch;
     cp.kv_f32 = p.kv_f32;
+    cp.no_weight_pack = p.no_weight_pack;
     cp.async = p.async;
     cp.device = p.device;
     cp.share_backend = p.share_backend != NULL ? p.share_backend->tctx : NULL;
@@ -271,6 +272,7 @@ dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, co
         dp.n_batch = cp.n_batch;
         dp.n_ubatch = cp.n_batch;
         dp.kv_f32 = p.kv_f32;
+        dp.no_weight_pack = p.no_weight_pack;
         dp.target = e->tctx;
         e->dctx = dfl_context_new(drafter, &dp, err);
         if (e->dctx == NULL) goto fail;

@@ -3,6 +3,7 @@
  * sequence operations. */
 #include "model/context.h"
 #include "model/weights_device.h"
+#include "model/weights_pack.h"
 #include "base/error.h"
 #ifdef DFL_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h"
@@ -299,6 +300,9 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
         /* the backend cannot read the mapping: use (upload once) the model's device copy */
         if (weights_device_acquire(model, ctx->be, &ctx->w, err) != DFL_OK) goto fail;
         ctx->weights_on_device = true;
+    } else if (!p.no_weight_pack) {
+        /* the backend's kernels may read some weights faster repacked (once per model) */
+        if (weights_pack_acquire(model, ctx->be, &ctx->w, &ctx->weights_packed, err) != DFL_OK) goto fail;
     }
     if (p.target != NULL) {
         /* the drafter uses the target's embedding and head unless it ships its own */
@@ -345,6 +349,7 @@ void dfl_context_free(dfl_context *ctx) {
     if (ctx->s.buf) backend_buffer_free(ctx->s.buf);
     kv_cache_free(&ctx->kv);
     if (ctx->weights_on_device) weights_device_release(ctx->model, ctx->be);
+    if (ctx->weights_packed) weights_pack_release(ctx->model, ctx->be);
     ctx_weights_free(&ctx->w);
     if (ctx->queue) backend_queue_free(ctx->queue);
     if (ctx->own_backend && ctx->be) backend_free(ctx->be);

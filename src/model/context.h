@@ -95,6 +95,7 @@ struct dfl_context {
     backend *be;
     bool own_backend;
     bool weights_on_device;   /* w points into the model's device copy (weights_device.c) */
+    bool weights_packed;      /* ctx->w holds views of the model's packed copy (weights_pack.c) */
     backend_queue *queue;
     kv_cache kv;
     ctx_weights w;

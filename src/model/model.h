@@ -17,6 +17,16 @@ typedef struct model_device_copy {
     int64_t refs;                /* contexts using it */
 } model_device_copy;
 
+/* The model's matmul weights packed for one host-visible backend's kernels, shared by the
+ * contexts of this model on it (weights_pack.c). */
+typedef struct model_pack_copy {
+    struct backend *be;          /* NULL: slot unused */
+    struct backend_buffer *buf;  /* the packed weights (NULL: none of them is packable) */
+    struct tensor *packed;       /* [n_slots] packed views (layout PLAIN: slot not packed) */
+    int64_t n_slots;
+    int64_t refs;                /* contexts using it */
+} model_pack_copy;
+
 /* One transformer block's weights (ggml shapes, ne[0] = input dim). */
 typedef struct model_layer {
     const gguf_tensor *attn_norm;   /* [n_embd] f32 */
@@ -88,6 +98,7 @@ struct dfl_model {
     uint64_t n_params;                  /* elements of all tensors */
     uint64_t n_bytes;                   /* bytes of all tensors */
     model_device_copy dev[MODEL_MAX_DEVICE_COPIES]; /* uploaded weights, per backend */
+    model_pack_copy pack[MODEL_MAX_DEVICE_COPIES];  /* packed matmul weights, per host backend */
 };
 
 /* model_dflash2.c: if the drafter m has selector_hidden.weight, reads the DFlash2 keys and binds

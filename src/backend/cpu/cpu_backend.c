@@ -12,6 +12,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -268,16 +269,24 @@ static void cpu_queue_wait_event(backend_queue *bq, backend_event *bev) {
 
 /* ---- buffers ----------------------------------------------------------------------------- */
 
+/* Buffers of at least this size are aligned to it and asked to live in transparent huge pages
+ * (packed weights, KV caches: fewer page faults when zeroed, fewer TLB misses when streamed). */
+#define CPU_HUGE_PAGE ((size_t)2 << 20)
+
 static backend_buffer *cpu_buffer_alloc(backend *be, size_t size, dfl_error *err) {
     backend_buffer *buf = calloc(1, sizeof(*buf));
-    size_t rounded = (size + 63) & ~(size_t)63;
-    void *mem = rounded >= size ? aligned_alloc(64, rounded) : NULL;
+    const size_t align = size >= CPU_HUGE_PAGE ? CPU_HUGE_PAGE : 64;
+    size_t rounded = (size + align - 1) & ~(align - 1);
+    void *mem = rounded >= size ? aligned_alloc(align, rounded) : NULL;
     if (buf == NULL || mem == NULL) {
         free(buf);
         free(mem);
         error_set(err, DFL_ERR_NOMEM, "cpu backend: cannot allocate a buffer of %zu bytes", size);
         return NULL;
     }
+#ifdef MADV_HUGEPAGE
+    if (align == CPU_HUGE_PAGE) (void)madvise(mem, rounded, MADV_HUGEPAGE); /* advice only */
+#endif
     memset(mem, 0, rounded);
     buf->be = be;
     buf->base = mem;
@@ -325,6 +334,16 @@ static dfl_status cpu_op_supported(const backend *bbe, const backend_op *op, dfl
     return DFL_OK;
 }
 
+static size_t cpu_vt_weight_pack_size(const backend *be, const tensor *w) {
+    (void)be;
+    return cpu_weight_pack_size(w);
+}
+
+static tensor cpu_vt_weight_pack(const backend *be, const tensor *w, void *dst) {
+    (void)be;
+    return cpu_weight_pack(w, dst);
+}
+
 static void cpu_free(backend *bbe) {
     cpu_backend *be = (cpu_backend *)bbe;
     cpu_pool_free(be->pool);
@@ -350,6 +369,8 @@ static const backend_vtable k_cpu_vtable = {
     .free = cpu_free,
     .caps = cpu_caps,
     .op_supported = cpu_op_supported,
+    .weight_pack_size = cpu_vt_weight_pack_size,
+    .weight_pack = cpu_vt_weight_pack,
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_free = cpu_buffer_free,
     .buffer_set = cpu_buffer_set,

@@ -103,6 +103,7 @@ typedef void (*cpu_f16_row_fn)(uint16_t *d, const float *x, int64_t n);
 typedef struct cpu_kernels {
     const char *name;                     /* "scalar", "avx2", "avx512" */
     cpu_matmul_fn matmul[QUANT_TYPE_COUNT]; /* by weight type; NULL = unsupported */
+    cpu_matmul_fn matmul_q8_0_x16;        /* Q8_0 weights in TENSOR_LAYOUT_Q8_0_X16 (cpu_pack.c) */
     cpu_act_row_fn act_row[QUANT_TYPE_COUNT]; /* by weight type */
     cpu_dot_f16_fn dot_f16;
     cpu_axpy_f16_fn axpy_f16;
@@ -139,6 +140,25 @@ void cpu_kernels_init_kquant_avx512(cpu_kernels *k);
 void cpu_kernels_init_kquant_avx2(cpu_kernels *k); /* the AVX2 level's (cpu_gemm_kquant_avx2.c) */
 /* Feature bits this CPU has (backend_cpu_feature). */
 uint32_t cpu_features_detect(void);
+
+/* ---- packed weights (cpu_pack.c) --------------------------------------------------------- */
+
+/* w can be packed (a plain contiguous 2-d Q8_0 weight with n_in a multiple of 512). */
+bool cpu_weight_packable(const tensor *w);
+/* Bytes of w packed (0: not packable). */
+size_t cpu_weight_pack_size(const tensor *w);
+/* Packs w into dst (64-byte aligned, cpu_weight_pack_size bytes); returns the packed view. */
+tensor cpu_weight_pack(const tensor *w, void *dst);
+/* One row: n_in / 32 Q8_0 blocks -> its packed bytes (the row stride, padding zeroed). */
+void cpu_pack_q8_0_x16_row(uint8_t *dst, const block_q8_0 *src, int64_t n_in);
+/* The Q8_0 x16 matmul kernels (cpu_gemm_q8_0_x16_avx512.c, cpu_gemm_q8_0_x16_avx2.c). */
+void cpu_mm_q8_0_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                          int64_t ds, int64_t o0, int64_t o1);
+/* Scalar reference of the packed layout: the same f64 sums as cpu_matmul_q_ref on the plain rows. */
+void cpu_matmul_q8_0_x16_ref(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1);
 
 /* Scalar reference matmul over prepared activations (the exact quantized computation). */
 void cpu_matmul_q_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0,

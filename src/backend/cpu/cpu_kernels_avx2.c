@@ -297,6 +297,60 @@ T2 static void mm_q4_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
     }
 }
 
+/* Q8_0 weights packed as TENSOR_LAYOUT_Q8_0_X16 (cpu_pack.c): half h of a group is the 32-byte
+ * slice h of each of its eight 64-byte vectors, already in lane order (unsigned: q + 128), so
+ * q80_half's transpose becomes 8 loads and an xor; then exactly q80_tile2's Q8_0 operations
+ * (the same bits as the plain rows). */
+T2 INL void q8x_tile2(const uint8_t *wrow, const cpu_act *act, int64_t r0, const int NT, float *dst, int64_t ds,
+                      int64_t o) {
+    const int64_t nbp = act->row_len / QK8_0, ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1), off = _mm256_set1_epi8((char)0x80);
+    for (int64_t g = 0; g < ng; g++) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const int64_t b0 = g * CPU_Q8_0_GROUP + 8 * h;
+            __m256i w[8], aw[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                w[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wrow + g * CPU_Q8_0_GROUP_VALUES + 64 * k + 32 * h)), off);
+                aw[k] = _mm256_sign_epi8(w[k], w[k]);
+            }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wrow + act->n_in + 2 * b0)));
+#pragma GCC unroll 8
+            for (int r = 0; r < NT; r++) {
+                const int8_t *xq = act->qs + (r0 + r) * act->row_len + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
+                __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 64 * k));
+                    const __m256i p = _mm256_maddubs_epi16(aw[k], _mm256_sign_epi8(x, w[k]));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+                }
+                const __m256 dx = _mm256_loadu_ps(act->d + (r0 + r) * nbp + b0);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[r]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
+}
+
+T2 void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
+        for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
+            const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
+#define CALL(N) q8x_tile2(wrow, act, rt, N, dst, ds, o)
+            TILE_SWITCH8(nt, CALL)
+#undef CALL
+        }
+    }
+}
+
 /* Q4_K / Q6_K weights: cpu_gemm_kquant_avx2.c; F32 / F16 / BF16 weights: cpu_gemm_float_avx2.c. */
 
 /* ---- attention helpers ------------------------------------------------------------------------ */
@@ -410,6 +464,7 @@ void cpu_kernels_init_avx2(cpu_kernels *k) {
     k->matmul[QUANT_TYPE_F16] = cpu_mm_f16_avx2;
     k->matmul[QUANT_TYPE_BF16] = cpu_mm_bf16_avx2;
     k->matmul[QUANT_TYPE_Q8_0] = mm_q8_0_avx2;
+    k->matmul_q8_0_x16 = cpu_mm_q8_0_x16_avx2;
     k->matmul[QUANT_TYPE_Q4_0] = mm_q4_0_avx2;
     cpu_kernels_init_kquant_avx2(k); /* Q4_K, Q6_K (cpu_gemm_kquant_avx2.c) */
     k->act_row[QUANT_TYPE_F32] = act_row_f32_avx2;
@@ -427,4 +482,8 @@ void cpu_kernels_init_avx2(cpu_kernels *k) {
 
 #else
 void cpu_kernels_init_avx2(cpu_kernels *k) { (void)k; }
+void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                          int64_t ds, int64_t o0, int64_t o1) {
+    cpu_matmul_q8_0_x16_ref(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+}
 #endif

@@ -70,7 +70,7 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
 
     matmul_job job;
     job.op = op;
-    job.kernel = be->kernels.matmul[w->type];
+    job.kernel = w->layout == TENSOR_LAYOUT_Q8_0_X16 ? be->kernels.matmul_q8_0_x16 : be->kernels.matmul[w->type];
     job.prep = be->kernels.act_row[w->type];
     DFL_ASSERT(job.kernel != NULL && job.prep != NULL);
     cpu_act_layout(&job.act, dot, n_in, n_rows, cpu_scratch(be, cpu_act_bytes(dot, n_in, n_rows)));
@@ -168,7 +168,7 @@ void cpu_op_matmul_argmax(cpu_backend *be, const backend_op *op) {
 
     mmax_job job;
     job.op = op;
-    job.kernel = be->kernels.matmul[w->type];
+    job.kernel = w->layout == TENSOR_LAYOUT_Q8_0_X16 ? be->kernels.matmul_q8_0_x16 : be->kernels.matmul[w->type];
     job.prep = be->kernels.act_row[w->type];
     job.argmax = be->kernels.argmax_row;
     DFL_ASSERT(job.kernel != NULL && job.prep != NULL && job.argmax != NULL);

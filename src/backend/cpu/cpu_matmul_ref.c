@@ -128,3 +128,30 @@ void cpu_matmul_q_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act
         }
     }
 }
+
+/* One packed Q8_0 x16 row (cpu_pack.c) against activation row r: the f64 sum of dot_row. */
+static double dot_row_q8_0_x16(const uint8_t *wrow, const cpu_act *act, int64_t r) {
+    const int64_t n = act->n_in;
+    const int8_t *qx = act->qs + r * act->row_len;
+    const float *dx = act->d + r * (act->row_len / QK8_0);
+    double sum = 0.0;
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        int32_t isum = 0;
+        for (int j = 0; j < QK8_0; j++) {
+            const int64_t at = cpu_q8_0_offset(b * QK8_0 + j);
+            isum += ((int32_t)wrow[at] - 128) * qx[at];
+        }
+        uint16_t h;
+        memcpy(&h, wrow + n + 2 * b, sizeof(h));
+        sum += (double)fp16_to_fp32(h) * (double)dx[b] * (double)isum;
+    }
+    return sum;
+}
+
+void cpu_matmul_q8_0_x16_ref(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
+        for (int64_t r = r0; r < r0 + nr; r++) dst[r * ds + o] = (float)dot_row_q8_0_x16(wrow, act, r);
+    }
+}

@@ -292,6 +292,10 @@ static dfl_status cuda_op_supported(const backend *be, const backend_op *op, dfl
     if (op->kind != BACKEND_OP_READ) st = check_in_buffer(be, op, "dst", &op->dst, err);
     for (int i = 0; i < 4 && st == DFL_OK; i++) st = check_in_buffer(be, op, names[i], &op->src[i], err);
     if (st != DFL_OK) return st;
+    if (op->kind == BACKEND_OP_MATMUL && op->src[0].layout != TENSOR_LAYOUT_PLAIN) {
+        return error_set(err, DFL_ERR_UNSUPPORTED, "op matmul: the cuda backend reads weights in the plain layout only "
+                         "(it packs none: backend_weight_pack_size is 0)");
+    }
     if (op->kind == BACKEND_OP_MATMUL_ARGMAX) {
         return error_set(err, DFL_ERR_UNSUPPORTED, "op matmul_argmax: not implemented by the cuda backend "
                          "(backend_get_caps: matmul_argmax is false; use op_matmul, op_scale, op_argmax)");
@@ -318,6 +322,8 @@ static const backend_vtable k_cuda_vtable = {
     /* .free = */ cuda_free,
     /* .caps = */ cuda_caps,
     /* .op_supported = */ cuda_op_supported,
+    /* .weight_pack_size = */ NULL,
+    /* .weight_pack = */ NULL,
     /* .buffer_alloc = */ cuda_buffer_alloc,
     /* .buffer_free = */ cuda_buffer_free,
     /* .buffer_set = */ cuda_buffer_set,

@@ -1,0 +1,129 @@
+/* cpu_gemm_q8_0_x16_avx512.c: the AVX-512 VNNI matmul of Q8_0 weights packed as
+ * TENSOR_LAYOUT_Q8_0_X16 (cpu_pack.c) against prepared Q8_0 activations (cpu_internal.h).
+ * A weight group (16 blocks) is eight 64-byte vectors whose lane j holds 4 unsigned quants of
+ * block j, already in the activations' transposed order, so vpdpbusd reads it straight from
+ * memory: no transpose, no gather (the plain Q8_0 kernel in cpu_kernels_avx512.c decodes every
+ * group in every call). Tiles of 4 weight rows x up to 4 activation rows: per 64-byte step, 4
+ * activation vectors and 4 weight vectors feed 16 vpdpbusd; the 4 weight rows stay in L1 while
+ * the activation tiles pass, and the next rows are prefetched. Each (weight row, activation row)
+ * pair goes through exactly the integer and f32 operations of the plain kernel (offset removal
+ * through the block sums, one fma of d_w * d_x per group, the shared 16-lane reduction tree), so
+ * packed and plain weights give the same bits, for any tile, row range or output range. */
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_hsum_avx512.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* The weight rows of the block of 4 this many blocks ahead are prefetched while a block is
+ * computed, a few cache lines per 64-byte step spread over all its tiles (a burst of prefetches
+ * at the start of a block fills the miss buffers and stalls the tile). */
+#ifndef Q8X_PREFETCH_BLOCKS
+#define Q8X_PREFETCH_BLOCKS 2
+#endif
+
+/* Weight rows o .. o + 3 (row i at w + wo[i] bytes: rows past the range repeat the last one and
+ * are not stored) against activation rows r0 .. r0 + NT - 1; dst[(r0 + r) * ds + o + i] for
+ * i < no. */
+T512 INL void q8x_tile(const uint8_t *w, const size_t wo[4], const cpu_act *act, int64_t r0, const int NT,
+                       float *dst, int64_t ds, int64_t o, int no, const char *pf, int64_t pf_lines) {
+    const int64_t ng = act->row_len / CPU_Q8_0_GROUP_VALUES, nbp = act->row_len / QK8_0;
+    const int64_t n_in = act->n_in;
+    /* prefetch pf_lines cache lines from pf, about the same number in each 64-byte step */
+    const int64_t pf_step = (pf_lines + 8 * ng - 1) / (8 * ng);
+    int64_t pf_done = 0;
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) acc[i][r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const int8_t *xq[4];
+        __m512i is[4][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) {
+            xq[r] = act->qs + (r0 + r) * act->row_len + g * CPU_Q8_0_GROUP_VALUES;
+            /* remove the +128 of the weights: sum (q + 128) x = sum q x + 128 sum x */
+            const __m512i init = _mm512_slli_epi32(_mm512_loadu_si512(act->ns + (r0 + r) * nbp + g * CPU_Q8_0_GROUP), 7);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) is[i][r] = init;
+        }
+        const uint8_t *wg = w + g * CPU_Q8_0_GROUP_VALUES;
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            for (int64_t l = 0; l < pf_step && pf_done < pf_lines; l++, pf_done++) {
+                _mm_prefetch(pf + 64 * pf_done, _MM_HINT_T0);
+            }
+            __m512i x[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < NT; r++) {
+                x[r] = _mm512_loadu_si512(xq[r] + 64 * k);
+                __asm__("" : "+v"(x[r])); /* one load, four uses */
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                __m512i wk = _mm512_loadu_si512(wg + wo[i] + 64 * k);
+                __asm__("" : "+v"(wk));
+#pragma GCC unroll 4
+                for (int r = 0; r < NT; r++) is[i][r] = _mm512_dpbusd_epi32(is[i][r], wk, x[r]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) {
+            const __m512 dx = _mm512_loadu_ps(act->d + (r0 + r) * nbp + g * CPU_Q8_0_GROUP);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + wo[i] + n_in + 32 * g)));
+                acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[i][r]), _mm512_mul_ps(dw, dx), acc[i][r]);
+            }
+        }
+    }
+    /* all sums of the tile in one reduction tree (lane r * 4 + i; the same bits as hsum16_one) */
+    __m512 flat[16];
+#pragma GCC unroll 4
+    for (int r = 0; r < NT; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) flat[r * 4 + i] = acc[i][r];
+    float tmp[16] __attribute__((aligned(64)));
+    _mm512_store_ps(tmp, hsum16_tree(flat, 4 * NT));
+    if (no == 4) {
+#pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) _mm_storeu_ps(dst + (r0 + r) * ds + o, _mm_load_ps(tmp + 4 * r));
+    } else {
+        for (int r = 0; r < NT; r++)
+            for (int i = 0; i < no; i++) dst[(r0 + r) * ds + o + i] = tmp[r * 4 + i];
+    }
+}
+
+T512 void cpu_mm_q8_0_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                                 int64_t ds, int64_t o0, int64_t o1) {
+    const uint8_t *wb = (const uint8_t *)w;
+    const int64_t n_tiles = (nr + 3) / 4;
+    for (int64_t o = o0; o < o1; o += 4) {
+        const int no = o1 - o >= 4 ? 4 : (int)(o1 - o);
+        /* the rows of the block Q8X_PREFETCH_BLOCKS ahead (within the range), a share per tile */
+        const int64_t p0 = o + 4 * Q8X_PREFETCH_BLOCKS, p1 = p0 + 4 < o1 ? p0 + 4 : o1;
+        const int64_t pf_lines = p1 > p0 ? (int64_t)(((size_t)(p1 - p0) * w_nb1 + 63) / 64) : 0;
+        const char *pf = (const char *)wb + (size_t)(p0 < o1 ? p0 : o) * w_nb1;
+        const uint8_t *wrow = wb + (size_t)o * w_nb1;
+        size_t wo[4];
+        for (int i = 0; i < 4; i++) wo[i] = (size_t)(i < no ? i : no - 1) * w_nb1;
+        int64_t rt = r0, t = 0;
+#define PF_SHARE pf + 64 * (pf_lines * t / n_tiles), pf_lines * (t + 1) / n_tiles - pf_lines * t / n_tiles
+        for (; rt + 4 <= r0 + nr; rt += 4, t++) q8x_tile(wrow, wo, act, rt, 4, dst, ds, o, no, PF_SHARE);
+        switch (r0 + nr - rt) {
+        case 1: q8x_tile(wrow, wo, act, rt, 1, dst, ds, o, no, PF_SHARE); break;
+        case 2: q8x_tile(wrow, wo, act, rt, 2, dst, ds, o, no, PF_SHARE); break;
+        case 3: q8x_tile(wrow, wo, act, rt, 3, dst, ds, o, no, PF_SHARE); break;
+        default: break;
+        }
+#undef PF_SHARE
+    }
+}
+
+#else
+void cpu_mm_q8_0_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1) {
+    cpu_matmul_q8_0_x16_ref(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+}
+#endif

@@ -1,0 +1,106 @@
+/* weights_pack.c: the packed copy of a model's matmul weights on a host-visible backend
+ * (weights_pack.h). The weights a forward pass multiplies with (output head; per layer q, k, v,
+ * o, gate, up, down) are enumerated in one fixed order ("slots"); every slot the backend wants
+ * packed gets a 64-byte aligned piece of one buffer, filled once from the mapping. A context's
+ * views are then pointed at the pieces; the plain views stay for everything else (the token
+ * embedding of a tied head is read by get_rows, which reads the mapping). Reference counted by
+ * contexts like the device copies; contexts of one model are created and freed on one thread at a
+ * time. */
+#include "model/weights_pack.h"
+#include "base/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define PACK_SLOTS_PER_LAYER 7
+
+static int64_t pack_n_slots(const dfl_model *m) { return 1 + PACK_SLOTS_PER_LAYER * m->hp.n_layer; }
+
+/* The slot's tensor of w (slot 0: the head; then 7 per layer). */
+static tensor *pack_slot(ctx_weights *w, int64_t s) {
+    if (s == 0) return &w->output;
+    ctx_layer_w *L = &w->layers[(s - 1) / PACK_SLOTS_PER_LAYER];
+    switch ((s - 1) % PACK_SLOTS_PER_LAYER) {
+    case 0: return &L->wq;
+    case 1: return &L->wk;
+    case 2: return &L->wv;
+    case 3: return &L->wo;
+    case 4: return &L->ffn_gate;
+    case 5: return &L->ffn_up;
+    default: return &L->ffn_down;
+    }
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Packs the slots of w on be into a new copy c (c->buf NULL when nothing is packable). */
+static dfl_status pack_create(const dfl_model *m, backend *be, ctx_weights *w, model_pack_copy *c, dfl_error *err) {
+    const int64_t n = pack_n_slots(m);
+    size_t total = 0;
+    for (int64_t s = 0; s < n; s++) {
+        const tensor *t = pack_slot(w, s);
+        if (t->data != NULL) total += align64(backend_weight_pack_size(be, t));
+    }
+    memset(c, 0, sizeof(*c));
+    c->be = be;
+    if (total == 0) return DFL_OK;
+    c->packed = calloc((size_t)n, sizeof(tensor));
+    if (c->packed == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory packing weights");
+    dfl_error e2;
+    error_clear(&e2);
+    c->buf = backend_buffer_alloc(be, total, &e2);
+    if (c->buf == NULL) {
+        free(c->packed);
+        c->packed = NULL;
+        return error_set(err, e2.code, "%s: cannot allocate %.2f GB for the packed weights: %s", m->path,
+                         (double)total / 1e9, e2.msg);
+    }
+    char *base = backend_buffer_base(c->buf);
+    size_t off = 0;
+    for (int64_t s = 0; s < n; s++) {
+        const tensor *t = pack_slot(w, s);
+        const size_t sz = t->data != NULL ? backend_weight_pack_size(be, t) : 0;
+        if (sz == 0) continue;
+        c->packed[s] = backend_weight_pack(be, t, base + off);
+        c->packed[s].buf = c->buf;
+        off += align64(sz);
+    }
+    c->n_slots = n;
+    return DFL_OK;
+}
+
+dfl_status weights_pack_acquire(dfl_model *m, backend *be, ctx_weights *w, bool *used, dfl_error *err) {
+    *used = false;
+    model_pack_copy *c = NULL, *free_slot = NULL;
+    for (int i = 0; i < MODEL_MAX_DEVICE_COPIES; i++) {
+        if (m->pack[i].be == be) c = &m->pack[i];
+        if (m->pack[i].be == NULL && free_slot == NULL) free_slot = &m->pack[i];
+    }
+    if (c == NULL) {
+        if (free_slot == NULL) {
+            return error_set(err, DFL_ERR_UNSUPPORTED, "%s: the weights are already packed for %d backends (the limit)",
+                             m->path, MODEL_MAX_DEVICE_COPIES);
+        }
+        if (pack_create(m, be, w, free_slot, err) != DFL_OK) return err->code;
+        c = free_slot;
+    }
+    c->refs++;
+    *used = true;
+    for (int64_t s = 0; s < c->n_slots; s++) {
+        if (c->packed[s].layout != TENSOR_LAYOUT_PLAIN) *pack_slot(w, s) = c->packed[s];
+    }
+    return DFL_OK;
+}
+
+void weights_pack_release(dfl_model *m, backend *be) {
+    for (int i = 0; i < MODEL_MAX_DEVICE_COPIES; i++) {
+        model_pack_copy *c = &m->pack[i];
+        if (c->be != be) continue;
+        if (--c->refs <= 0) {
+            if (c->buf != NULL) backend_buffer_free(c->buf);
+            free(c->packed);
+            memset(c, 0, sizeof(*c));
+        }
+        return;
+    }
+}

@@ -1,0 +1,17 @@
+/* weights_pack.h: a model's matmul weights packed for the kernels of a host-visible backend
+ * that asks for it (backend_weight_pack_size, e.g. the CPU's Q8_0 x16 layout): packed once per
+ * (model, backend), shared by every context of that model on that backend. */
+#ifndef DFL_MODEL_WEIGHTS_PACK_H
+#define DFL_MODEL_WEIGHTS_PACK_H
+
+#include "model/context.h"
+
+/* Points the packable matmul weights of w (the head and the layers' projections, bound into the
+ * mapping by ctx_weights_bind) at the model's packed copy on be, packing them first if this is
+ * the first context of the model on be. *used: whether w now holds any packed view (release
+ * then). DFL_ERR_NOMEM / DFL_ERR_UNSUPPORTED (too many backends) with a message. */
+dfl_status weights_pack_acquire(dfl_model *model, backend *be, ctx_weights *w, bool *used, dfl_error *err);
+/* Drops one context's use of the copy on be; the last one frees it. */
+void weights_pack_release(dfl_model *model, backend *be);
+
+#endif

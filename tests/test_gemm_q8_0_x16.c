@@ -1,0 +1,397 @@
+/* test_gemm_q8_0_x16.c: Q8_0 weights packed for the CPU kernels (TENSOR_LAYOUT_Q8_0_X16,
+ * cpu_pack.c) at every feature level this machine has (scalar, avx2, avx512):
+ * - the layout byte for byte (each quant + 128 at its transposed offset, scales after the groups,
+ *   padding zeroed, rows 64-byte aligned), and which weights are packable;
+ * - the packed kernels give the bits of the plain Q8_0 kernels of the same level on awkward
+ *   shapes (n_in 512 .. 2560 with odd group counts, outputs not multiples of 4, rows around the
+ *   tiles), random and extreme blocks (every quant -128 or 127, |x| at the quantizer's limit); the
+ *   packed reference gives the bits of the plain reference;
+ * - batch invariance: any row range / output range of a call gives the bits of the full call and
+ *   writes nothing outside;
+ * - the ops: op_matmul and op_matmul_argmax on 2 threads with a packed weight equal the plain
+ *   weight; a packed tensor anywhere else, or a malformed one, is refused by validation;
+ * - a model: a Q8_0 test model with packable dimensions gives the same logits and greedy tokens
+ *   with and without the packed copy (dfl_context_params.no_weight_pack), and a drafter pair
+ *   shares one packed head. */
+#include "test.h"
+#include "test_backend_util.h"
+#include "test_util.h"
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_internal.h"
+#include "base/error.h"
+#include "base/fp16.h"
+#include "model/context.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t x16_stride(int64_t n_in) { return ((size_t)(n_in / 32) * 34 + 63) & ~(size_t)63; }
+
+/* A packed copy of the plain Q8_0 weight w [n_in, n_out] (aligned_alloc'd; free()). */
+static uint8_t *x16_pack(const void *w, int64_t n_in, int64_t n_out, tensor *out) {
+    tensor tw = tensor_2d(QUANT_TYPE_Q8_0, (void *)w, n_in, n_out);
+    const size_t sz = cpu_weight_pack_size(&tw);
+    DFL_ASSERT(sz == x16_stride(n_in) * (size_t)n_out);
+    uint8_t *p = aligned_alloc(64, sz);
+    DFL_ASSERT(p != NULL);
+    memset(p, 0xcd, sz); /* the padding must be written */
+    *out = cpu_weight_pack(&tw, p);
+    return p;
+}
+
+/* A Q8_0 weight; extreme: every quant -128 (even rows) or 127 (odd rows), the largest |sums|. */
+static void *x16_weight(rng *r, int64_t n_in, int64_t n_out, bool extreme) {
+    block_q8_0 *w = make_weight(r, QUANT_TYPE_Q8_0, n_in, n_out);
+    if (extreme) {
+        for (int64_t o = 0; o < n_out; o++) {
+            for (int64_t b = 0; b < n_in / 32; b++) memset(w[o * (n_in / 32) + b].qs, o % 2 ? 127 : 0x80, 32);
+        }
+    }
+    return w;
+}
+
+TEST(gemm_q8_0_x16_layout) {
+    rng r = {31};
+    const int64_t k_n[3] = {512, 1536, 2048};
+    for (int ni = 0; ni < 3; ni++) {
+        const int64_t n_in = k_n[ni], n_out = 3, nb = n_in / 32;
+        block_q8_0 *w = make_weight(&r, QUANT_TYPE_Q8_0, n_in, n_out);
+        tensor tp;
+        uint8_t *p = x16_pack(w, n_in, n_out, &tp);
+        CHECK_EQ_INT(tp.layout, TENSOR_LAYOUT_Q8_0_X16);
+        CHECK_EQ_INT(tp.type, QUANT_TYPE_Q8_0);
+        CHECK_EQ_INT(tp.nb[1], x16_stride(n_in));
+        CHECK_EQ_INT(tp.nb[1] % 64, 0);
+        CHECK_EQ_INT(tp.ne[0], n_in);
+        CHECK_EQ_INT(tp.ne[1], n_out);
+        int bad = 0;
+        for (int64_t o = 0; o < n_out && !bad; o++) {
+            const uint8_t *row = p + (size_t)o * tp.nb[1];
+            for (int64_t i = 0; i < n_in && !bad; i++) {
+                const int8_t q = w[o * nb + i / 32].qs[i % 32];
+                const int64_t at = (i / 512) * 512 + ((i % 32) / 4) * 64 + ((i / 32) % 16) * 4 + i % 4;
+                if (row[at] != (uint8_t)(q + 128)) {
+                    test_fail(t, __FILE__, __LINE__, "n_in %lld row %lld value %lld: byte %lld = %u, expected %u",
+                              (long long)n_in, (long long)o, (long long)i, (long long)at, row[at], (uint8_t)(q + 128));
+                    bad = 1;
+                }
+            }
+            for (int64_t b = 0; b < nb && !bad; b++) {
+                uint16_t d;
+                memcpy(&d, row + n_in + 2 * b, 2);
+                CHECK_MSG(d == w[o * nb + b].d, "n_in %lld row %lld: scale %lld = %04x, expected %04x", (long long)n_in,
+                          (long long)o, (long long)b, d, w[o * nb + b].d);
+                if (d != w[o * nb + b].d) bad = 1;
+            }
+            for (size_t i = (size_t)nb * 34; i < tp.nb[1] && !bad; i++) {
+                CHECK_MSG(row[i] == 0, "n_in %lld row %lld: padding byte %zu = %u", (long long)n_in, (long long)o, i, row[i]);
+                if (row[i] != 0) bad = 1;
+            }
+        }
+        free(p);
+        free(w);
+    }
+    /* what is not packable: rows not a multiple of 16 blocks, other types, strided rows */
+    uint8_t dummy[64] __attribute__((aligned(64)));
+    tensor a = tensor_2d(QUANT_TYPE_Q8_0, dummy, 544, 4);
+    CHECK_EQ_INT(cpu_weight_pack_size(&a), 0);
+    tensor b = tensor_2d(QUANT_TYPE_F16, dummy, 512, 4);
+    CHECK_EQ_INT(cpu_weight_pack_size(&b), 0);
+    tensor c = tensor_2d(QUANT_TYPE_Q8_0, dummy, 512, 4);
+    c.nb[1] += 34;
+    CHECK_EQ_INT(cpu_weight_pack_size(&c), 0);
+    tensor d = tensor_2d(QUANT_TYPE_Q4_0, dummy, 512, 4);
+    CHECK_EQ_INT(cpu_weight_pack_size(&d), 0);
+    tensor e = tensor_2d(QUANT_TYPE_Q8_0, dummy, 512, 4);
+    CHECK(cpu_weight_pack_size(&e) > 0);
+    e.layout = TENSOR_LAYOUT_Q8_0_X16;
+    CHECK_EQ_INT(cpu_weight_pack_size(&e), 0); /* packed already */
+}
+
+static const int64_t k_x_in[4] = {512, 1536, 2560, 1024};
+static const int64_t k_x_out[6] = {1, 3, 4, 5, 13, 37};
+static const int64_t k_x_rows[9] = {1, 2, 3, 4, 5, 7, 16, 17, 33};
+
+/* prepared activations of x [n_rows, n_in] with the level's quantizer (caller frees *mem) */
+static void x16_act(const cpu_kernels *ks, cpu_act *act, void **mem, const float *x, int64_t n_in, int64_t n_rows) {
+    const size_t bytes = cpu_act_bytes(CPU_DOT_Q8_0, n_in, n_rows);
+    *mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    DFL_ASSERT(*mem != NULL);
+    memset(*mem, 0, bytes);
+    cpu_act_layout(act, CPU_DOT_Q8_0, n_in, n_rows, *mem);
+    for (int64_t row = 0; row < n_rows; row++) ks->act_row[QUANT_TYPE_Q8_0](act, row, x + row * n_in);
+}
+
+static int x16_cmp(test_ctx *t, const float *a, const float *b, int64_t n_out, int64_t n_rows, const char *what,
+                   int level, int64_t n_in) {
+    for (int64_t i = 0; i < n_out * n_rows; i++) {
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+            test_fail(t, __FILE__, __LINE__, "%s %s [%lld -> %lld] x %lld rows: out %lld row %lld: %.9g vs %.9g", what,
+                      k_level_names[level], (long long)n_in, (long long)n_out, (long long)n_rows, (long long)(i % n_out),
+                      (long long)(i / n_out), a[i], b[i]);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+TEST(gemm_q8_0_x16_same_bits_as_plain) {
+    rng r = {9001};
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        cpu_kernels ks;
+        cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
+        REQUIRE(ks.matmul_q8_0_x16 != NULL);
+        for (int ni = 0; ni < 4; ni++) {
+            for (int oi = 0; oi < 6; oi++) {
+                for (int ri = 0; ri < 9; ri++) {
+                    if (level == 0 && (ni != 0 || ri > 6)) continue; /* the scalar kernels are slow */
+                    const int64_t n_in = k_x_in[ni], n_out = k_x_out[oi], n_rows = k_x_rows[ri];
+                    const bool extreme = (oi + ri) % 5 == 2;
+                    void *w = x16_weight(&r, n_in, n_out, extreme);
+                    float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
+                    float *y0 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+                    float *y1 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+                    REQUIRE(w && x && y0 && y1);
+                    fill_f32(&r, x, n_in * n_rows, 2.0f);
+                    if (extreme) {
+                        for (int64_t i = 0; i < n_in * n_rows; i++) x[i] = (i / 32) % 2 ? 3.0f : -3.0f; /* q = +-127 */
+                    }
+                    tensor tp;
+                    uint8_t *p = x16_pack(w, n_in, n_out, &tp);
+                    cpu_act act;
+                    void *mem;
+                    x16_act(&ks, &act, &mem, x, n_in, n_rows);
+                    memset(y0, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
+                    memset(y1, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
+                    ks.matmul[QUANT_TYPE_Q8_0](w, (size_t)(n_in / 32) * 34, &act, 0, n_rows, y0, n_out, 0, n_out);
+                    ks.matmul_q8_0_x16(p, tp.nb[1], &act, 0, n_rows, y1, n_out, 0, n_out);
+                    int bad = x16_cmp(t, y1, y0, n_out, n_rows, extreme ? "packed vs plain (extreme)" : "packed vs plain",
+                                      level, n_in);
+                    for (int64_t i = 0; i < n_out * n_rows && !bad; i++) {
+                        if (!isfinite(y1[i])) bad = x16_cmp(t, y1, y1, 1, 1, "non-finite", level, n_in) + 1;
+                    }
+                    if (level == 2 && ri < 5) { /* the references, on the same activations */
+                        cpu_matmul_q_ref(QUANT_TYPE_Q8_0, w, (size_t)(n_in / 32) * 34, &act, 0, n_rows, y0, n_out, 0, n_out);
+                        cpu_matmul_q8_0_x16_ref(p, tp.nb[1], &act, 0, n_rows, y1, n_out, 0, n_out);
+                        x16_cmp(t, y1, y0, n_out, n_rows, "packed ref vs plain ref", level, n_in);
+                    }
+                    free(mem); free(p); free(y1); free(y0); free(x); free(w);
+                }
+            }
+        }
+    }
+}
+
+/* Every row range [a, a + nr) and output range [c, d) gives the full call's bits, nothing else. */
+TEST(gemm_q8_0_x16_batch_invariant) {
+    rng r = {4711};
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        cpu_kernels ks;
+        cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
+        const int64_t n_in = 1536, n_out = 37, n_rows = level == 0 ? 20 : 41;
+        void *w = x16_weight(&r, n_in, n_out, false);
+        float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
+        float *y = malloc((size_t)(n_out * n_rows) * sizeof(float));
+        float *y2 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+        REQUIRE(w && x && y && y2);
+        fill_f32(&r, x, n_in * n_rows, 1.0f);
+        tensor tp;
+        uint8_t *p = x16_pack(w, n_in, n_out, &tp);
+        cpu_act act;
+        void *mem;
+        x16_act(&ks, &act, &mem, x, n_in, n_rows);
+        ks.matmul_q8_0_x16(p, tp.nb[1], &act, 0, n_rows, y, n_out, 0, n_out);
+        int bad = 0;
+        for (int64_t len = 1; len <= 10 && !bad; len++) {
+            const int64_t a = (len * 7) % (n_rows - len), nr = len == 10 ? n_rows - a : len;
+            const int64_t c = len % 4 + (len > 5 ? 4 : 0), dd = n_out - (len % 3);
+            memset(y2, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
+            ks.matmul_q8_0_x16(p, tp.nb[1], &act, a, nr, y2, n_out, c, dd);
+            for (int64_t i = 0; i < n_out * n_rows && !bad; i++) {
+                const int64_t row = i / n_out, o = i % n_out;
+                const bool inside = row >= a && row < a + nr && o >= c && o < dd;
+                uint32_t u;
+                memcpy(&u, &y2[i], 4);
+                if (!inside && u != 0xffffffffu) {
+                    test_fail(t, __FILE__, __LINE__, "%s: rows [%lld, %lld) outputs [%lld, %lld) wrote row %lld out %lld",
+                              k_level_names[level], (long long)a, (long long)(a + nr), (long long)c, (long long)dd,
+                              (long long)row, (long long)o);
+                    bad = 1;
+                }
+                if (inside && memcmp(&y2[i], &y[i], 4) != 0) {
+                    test_fail(t, __FILE__, __LINE__, "%s: rows [%lld, %lld) outputs [%lld, %lld): row %lld out %lld %.9g, "
+                              "full call %.9g", k_level_names[level], (long long)a, (long long)(a + nr), (long long)c,
+                              (long long)dd, (long long)row, (long long)o, y2[i], y[i]);
+                    bad = 1;
+                }
+            }
+        }
+        free(mem); free(p); free(y2); free(y); free(x); free(w);
+    }
+}
+
+TEST(gemm_q8_0_x16_ops_and_validation) {
+    rng r = {77};
+    const int64_t n_in = 1024, n_out = 203, n_rows = 19;
+    void *w = x16_weight(&r, n_in, n_out, false);
+    float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
+    float *y0 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+    float *y1 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+    int32_t am0[19], am1[19];
+    REQUIRE(w && x && y0 && y1);
+    fill_f32(&r, x, n_in * n_rows, 1.0f);
+    for (int level = 0; level < 3; level++) {
+        if (!level_available(level)) continue;
+        backend *be = make_backend(2, level, false);
+        REQUIRE(be != NULL);
+        const size_t sz = backend_weight_pack_size(be, &(tensor){0});
+        CHECK_EQ_INT(sz, 0); /* an F32 scalar-less view: nothing to pack */
+        tensor tw = tensor_2d(QUANT_TYPE_Q8_0, w, n_in, n_out);
+        const size_t psz = backend_weight_pack_size(be, &tw);
+        CHECK_EQ_INT(psz, x16_stride(n_in) * (size_t)n_out);
+        uint8_t *p = aligned_alloc(64, psz);
+        REQUIRE(p != NULL);
+        const tensor tp = backend_weight_pack(be, &tw, p);
+        tensor tx = tensor_2d(QUANT_TYPE_F32, x, n_in, n_rows);
+        backend_op op;
+        memset(&op, 0, sizeof(op));
+        op.kind = BACKEND_OP_MATMUL;
+        op.src[1] = tx;
+        op.dst = tensor_2d(QUANT_TYPE_F32, y0, n_out, n_rows);
+        op.src[0] = tw;
+        run_op(be, &op);
+        op.dst = tensor_2d(QUANT_TYPE_F32, y1, n_out, n_rows);
+        op.src[0] = tp;
+        run_op(be, &op);
+        x16_cmp(t, y1, y0, n_out, n_rows, "op_matmul packed vs plain", level, n_in);
+        op.kind = BACKEND_OP_MATMUL_ARGMAX;
+        op.f[0] = 0.5f;
+        op.dst = tensor_1d(QUANT_TYPE_I32, am0, n_rows);
+        op.src[0] = tw;
+        run_op(be, &op);
+        op.dst = tensor_1d(QUANT_TYPE_I32, am1, n_rows);
+        op.src[0] = tp;
+        run_op(be, &op);
+        CHECK_MSG(memcmp(am0, am1, sizeof(am0)) == 0, "op_matmul_argmax packed vs plain differ (%s)", k_level_names[level]);
+        /* validation: packed only as a matmul's weight, and only well-formed */
+        dfl_error err = {0};
+        backend_op g;
+        memset(&g, 0, sizeof(g));
+        g.kind = BACKEND_OP_GET_ROWS;
+        int32_t ids[2] = {0, 1};
+        g.src[0] = tp;
+        g.src[1] = tensor_1d(QUANT_TYPE_I32, ids, 2);
+        g.dst = tensor_2d(QUANT_TYPE_F32, y0, n_in, 2);
+        error_clear(&err);
+        CHECK(backend_op_validate(be, &g, &err) == DFL_ERR_INVALID);
+        CHECK_STR_CONTAINS(err.msg, "packed");
+        backend_op m = op;
+        m.kind = BACKEND_OP_MATMUL;
+        m.dst = tensor_2d(QUANT_TYPE_F32, y1, n_out, n_rows);
+        m.src[1] = tp; /* as the activations */
+        m.src[1].ne[1] = n_rows < n_out ? n_rows : n_out;
+        error_clear(&err);
+        CHECK(backend_op_validate(be, &m, &err) == DFL_ERR_INVALID);
+        m = op;
+        m.kind = BACKEND_OP_MATMUL;
+        m.dst = tensor_2d(QUANT_TYPE_F32, y1, n_out, n_rows);
+        m.src[0].type = QUANT_TYPE_Q4_0;
+        error_clear(&err);
+        CHECK(backend_op_validate(be, &m, &err) == DFL_ERR_INVALID);
+        CHECK_STR_CONTAINS(err.msg, "not q8_0");
+        m.src[0] = tp;
+        m.src[0].nb[1] -= 64; /* rows too short for their blocks */
+        error_clear(&err);
+        CHECK(backend_op_validate(be, &m, &err) == DFL_ERR_INVALID);
+        m.src[0] = tp;
+        m.src[0].data = p + 32; /* misaligned */
+        error_clear(&err);
+        CHECK(backend_op_validate(be, &m, &err) == DFL_ERR_INVALID);
+        m.src[0] = tp;
+        m.src[0].layout = 7;
+        error_clear(&err);
+        CHECK(backend_op_validate(be, &m, &err) == DFL_ERR_INVALID);
+        CHECK_STR_CONTAINS(err.msg, "unknown layout");
+        m.src[0] = tp;
+        error_clear(&err);
+        CHECK(backend_op_validate(be, &m, &err) == DFL_OK);
+        free(p);
+        backend_free(be);
+    }
+    free(y1); free(y0); free(x); free(w);
+}
+
+/* A Q8_0 model with packable dimensions (n_embd 512, n_ff 1536): the same logits and tokens with
+ * and without the packed copy; the drafter pair packs and shares the head once. */
+TEST(gemm_q8_0_x16_model_same_logits) {
+    char target[512], drafter[512];
+    if (!tu_make_models(t, "m", "--n-embd 512 --n-layer 2 --n-head 4 --n-head-kv 2 --head-dim 128 --n-ff 1536 "
+                        "--n-vocab 700 --draft-layers 1 --block-size 4 --type q8_0",
+                        target, drafter, sizeof(target))) {
+        return;
+    }
+    dfl_error err = {0};
+    dfl_model *m = dfl_model_load(target, NULL, &err);
+    REQUIRE(m != NULL);
+    const int32_t prompt[9] = {5, 77, 301, 2, 699, 18, 42, 42, 7};
+    float *lg[2];
+    int32_t gen[2][12];
+    for (int k = 0; k < 2; k++) {
+        dfl_context_params cp = dfl_context_default_params();
+        cp.n_ctx = 64;
+        cp.n_batch = cp.n_ubatch = cp.n_outputs = 16;
+        cp.n_threads = cp.n_threads_batch = 2;
+        cp.no_weight_pack = k == 1;
+        dfl_context *c = dfl_context_new(m, &cp, &err);
+        REQUIRE(c != NULL);
+        CHECK_EQ_INT(c->weights_packed, k == 0);
+        if (k == 0) {
+            CHECK_EQ_INT(c->w.layers[0].wq.layout, TENSOR_LAYOUT_Q8_0_X16);
+            CHECK_EQ_INT(c->w.layers[1].ffn_down.layout, TENSOR_LAYOUT_Q8_0_X16);
+            CHECK_EQ_INT(c->w.output.layout, TENSOR_LAYOUT_Q8_0_X16);
+            CHECK_EQ_INT(c->w.token_embd.layout, TENSOR_LAYOUT_PLAIN); /* get_rows reads the mapping */
+        }
+        const int64_t nv = dfl_n_vocab(c);
+        lg[k] = malloc(sizeof(float) * (size_t)(9 * nv));
+        REQUIRE(lg[k] != NULL);
+        CHECK(tu_decode(c, 0, prompt, 9, lg[k], &err) == DFL_OK);
+        CHECK(dfl_seq_remove(c, 0, 0, &err) == DFL_OK);
+        CHECK(tu_greedy(c, 0, prompt, 9, 12, gen[k], &err) == DFL_OK);
+        dfl_context_free(c);
+    }
+    CHECK_MSG(memcmp(lg[0], lg[1], sizeof(float) * 9 * 700) == 0, "logits differ with the packed weights");
+    CHECK_MSG(memcmp(gen[0], gen[1], sizeof(gen[0])) == 0, "greedy tokens differ with the packed weights");
+    CHECK_EQ_INT(m->pack[0].refs, 0); /* released with the last context */
+    CHECK(m->pack[0].be == NULL);
+    free(lg[0]);
+    free(lg[1]);
+    /* target + drafter on one backend: each model packs once; the drafter's head is the target's */
+    dfl_model *dm = dfl_model_load(drafter, NULL, &err);
+    REQUIRE(dm != NULL);
+    dfl_context_params cp = dfl_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = cp.n_threads_batch = 1;
+    const dfl_hparams *dh = dfl_model_hparams(dm);
+    cp.n_capture = (int32_t)dh->n_target_layers;
+    cp.capture_layers = dh->target_layers;
+    dfl_context *tc = dfl_context_new(m, &cp, &err);
+    REQUIRE(tc != NULL);
+    dfl_context_params dp = dfl_context_default_params();
+    dp.target = tc;
+    dfl_context *dc = dfl_context_new(dm, &dp, &err);
+    CHECK(dc != NULL);
+    if (dc != NULL) {
+        CHECK(dc->w.output.data == tc->w.output.data);
+        CHECK_EQ_INT(dc->w.layers[0].wq.layout, TENSOR_LAYOUT_Q8_0_X16);
+        CHECK_EQ_INT(m->pack[0].refs, 1);
+        CHECK_EQ_INT(dm->pack[0].refs, 1);
+        dfl_context_free(dc);
+    }
+    dfl_context_free(tc);
+    dfl_model_free(dm);
+    dfl_model_free(m);
+}

@@ -51,7 +51,7 @@ typedef struct tensor {
  * apart, a multiple of 64) holds its n_in / 512 groups of 16 blocks, each as 512 bytes where byte
  * k*64 + j*4 + e is value 4k + e of block j plus 128 (as an unsigned byte; k 0..7, j 0..15,
  * e 0..3), followed by the n_in / 32 block scales (f16, block order). The same bytes as the row's
- * Q8_0 blocks, transposed like the prepared Q8_0 activations (docs/cpu-kernels.md). */
+ * Q8_0 blocks, transposed like the prepared Q8_0 activations (docs/quantization.md). */
 typedef enum tensor_layout {
     TENSOR_LAYOUT_PLAIN = 0,
     TENSOR_LAYOUT_Q8_0_X16 = 1,

@@ -240,3 +240,33 @@ void mm_run(backend *be, uint32_t type, const void *w, int64_t n_in, int64_t n_o
     op.src[1] = tensor_2d(QUANT_TYPE_F32, (void *)x, n_in, n_rows);
     run_op(be, &op);
 }
+
+/* A [n_in, n_out] Q4_K / Q6_K weight: random blocks (make_weight), or (extreme) every quant at
+ * its maximum with the largest scales (Q4_K 63 / 63, Q6_K -128), the bounds of the kernels'
+ * integer sums. */
+void *make_kq_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out, bool extreme) {
+    if (!extreme) return make_weight(r, type, n_in, n_out);
+    const size_t row = quant_row_size(type, n_in);
+    uint8_t *w = malloc(row * (size_t)n_out);
+    DFL_ASSERT(w != NULL);
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t b = 0; b < n_in / QK_K; b++) {
+            if (type == QUANT_TYPE_Q4_K) {
+                block_q4_K blk;
+                blk.d = rand_f16(r, 0.0005f, 0.004f);
+                blk.dmin = rand_f16(r, 0.0f, 0.004f);
+                memset(blk.scales, 0xff, sizeof(blk.scales));
+                memset(blk.qs, 0xff, sizeof(blk.qs));
+                memcpy(w + (size_t)o * row + (size_t)b * sizeof(blk), &blk, sizeof(blk));
+            } else {
+                block_q6_K blk;
+                memset(blk.ql, 0xff, sizeof(blk.ql));
+                memset(blk.qh, 0xff, sizeof(blk.qh));
+                memset(blk.scales, 0x80, sizeof(blk.scales)); /* -128 */
+                blk.d = rand_f16(r, -0.0005f, 0.0005f);
+                memcpy(w + (size_t)o * row + (size_t)b * sizeof(blk), &blk, sizeof(blk));
+            }
+        }
+    }
+    return w;
+}

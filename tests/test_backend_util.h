@@ -41,6 +41,9 @@ bool close_enough(test_ctx *t, const char *what, const float *a, const float *b,
 void fill_weight(rng *r, uint32_t type, uint8_t *w, int64_t n_in, int64_t n_out);
 /* The same in a new malloc'd array (free() it). */
 void *make_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out);
+/* A [n_in, n_out] Q4_K / Q6_K weight (malloc'd): random blocks, or (extreme) every quant at its
+ * maximum with the largest scales (Q4_K 63 / 63, Q6_K -128), the bounds of the integer sums. */
+void *make_kq_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out, bool extreme);
 /* every matmul weight type */
 extern const uint32_t k_mm_types[15];
 /* matmul error budget of a type, relative to mm_norms (see test_backend_matmul.c) */

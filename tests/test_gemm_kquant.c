@@ -20,36 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A [n_in, n_out] Q4_K / Q6_K weight: random blocks (make_weight), or (extreme) every quant at
- * its maximum with the largest scales (Q4_K 63 / 63, Q6_K -128), the bounds of the kernels'
- * integer sums. */
-static void *kq_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out, bool extreme) {
-    if (!extreme) return make_weight(r, type, n_in, n_out);
-    const size_t row = quant_row_size(type, n_in);
-    uint8_t *w = malloc(row * (size_t)n_out);
-    DFL_ASSERT(w != NULL);
-    for (int64_t o = 0; o < n_out; o++) {
-        for (int64_t b = 0; b < n_in / QK_K; b++) {
-            if (type == QUANT_TYPE_Q4_K) {
-                block_q4_K blk;
-                blk.d = rand_f16(r, 0.0005f, 0.004f);
-                blk.dmin = rand_f16(r, 0.0f, 0.004f);
-                memset(blk.scales, 0xff, sizeof(blk.scales));
-                memset(blk.qs, 0xff, sizeof(blk.qs));
-                memcpy(w + (size_t)o * row + (size_t)b * sizeof(blk), &blk, sizeof(blk));
-            } else {
-                block_q6_K blk;
-                memset(blk.ql, 0xff, sizeof(blk.ql));
-                memset(blk.qh, 0xff, sizeof(blk.qh));
-                memset(blk.scales, 0x80, sizeof(blk.scales)); /* -128 */
-                blk.d = rand_f16(r, -0.0005f, 0.0005f);
-                memcpy(w + (size_t)o * row + (size_t)b * sizeof(blk), &blk, sizeof(blk));
-            }
-        }
-    }
-    return w;
-}
-
 /* x [n_rows, n_in]: random with outliers; row 1 zero, row 2 all equal (every q = -127) */
 static void kq_fill_x(rng *r, float *x, int64_t n_in, int64_t n_rows, bool extreme) {
     for (int64_t i = 0; i < n_in * n_rows; i++) {
@@ -124,7 +94,7 @@ TEST(gemm_kquant_vs_ref) {
                         if (k_n_in[ni] == 2816 && k_rows[ri] == 130 && oi != 4) continue;
                         const bool extreme = (oi + ri) % 7 == 3;
                         const int64_t n_in = k_n_in[ni], n_out = k_n_out[oi], n_rows = k_rows[ri];
-                        void *w = kq_weight(&r, k_types[ti], n_in, n_out, extreme);
+                        void *w = make_kq_weight(&r, k_types[ti], n_in, n_out, extreme);
                         float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
                         REQUIRE(w && x);
                         kq_fill_x(&r, x, n_in, n_rows, extreme);
@@ -152,7 +122,7 @@ TEST(gemm_kquant_batch_invariant_kernel) {
             for (int ni = 0; ni < 3; ni++) {
                 const uint32_t type = k_types[ti];
                 const int64_t n_in = k_n_in[ni], n_out = 37, n_rows = 130;
-                void *w = kq_weight(&r, type, n_in, n_out, false);
+                void *w = make_kq_weight(&r, type, n_in, n_out, false);
                 float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
                 float *y2 = malloc((size_t)(n_out * n_rows) * sizeof(float));
                 REQUIRE(w && x && y2);
@@ -233,7 +203,7 @@ TEST(gemm_kquant_batch_invariant_op) {
             for (int ni = 0; ni < 3; ni += 2) {
                 const uint32_t type = k_types[ti];
                 const int64_t n_in = k_n_in[ni], n_out = 301;
-                void *w = kq_weight(&r, type, n_in, n_out, false);
+                void *w = make_kq_weight(&r, type, n_in, n_out, false);
                 float *x = malloc((size_t)(n_in * N_ROWS) * sizeof(float));
                 float *y = malloc((size_t)(n_out * N_ROWS) * sizeof(float));
                 float *y1 = malloc((size_t)(n_out * 16) * sizeof(float));

@@ -31,13 +31,15 @@ static size_t x16_stride(int64_t n_in) { return ((size_t)(n_in / 32) * 34 + 63) 
 
 /* A packed copy of the plain Q8_0 weight w [n_in, n_out] (aligned_alloc'd; free()). */
 static uint8_t *x16_pack(const void *w, int64_t n_in, int64_t n_out, tensor *out) {
+    cpu_kernels k;
+    cpu_kernels_init_ref(&k); /* every level packs Q8_0 */
     tensor tw = tensor_2d(QUANT_TYPE_Q8_0, (void *)w, n_in, n_out);
-    const size_t sz = cpu_weight_pack_size(&tw);
+    const size_t sz = cpu_weight_pack_size(&k, &tw);
     DFL_ASSERT(sz == x16_stride(n_in) * (size_t)n_out);
     uint8_t *p = aligned_alloc(64, sz);
     DFL_ASSERT(p != NULL);
     memset(p, 0xcd, sz); /* the padding must be written */
-    *out = cpu_weight_pack(&tw, p);
+    *out = cpu_weight_pack(&k, &tw, p);
     return p;
 }
 
@@ -95,19 +97,21 @@ TEST(gemm_q8_0_x16_layout) {
     }
     /* what is not packable: rows not a multiple of 16 blocks, other types, strided rows */
     uint8_t dummy[64] __attribute__((aligned(64)));
+    cpu_kernels k;
+    cpu_kernels_init_ref(&k);
     tensor a = tensor_2d(QUANT_TYPE_Q8_0, dummy, 544, 4);
-    CHECK_EQ_INT(cpu_weight_pack_size(&a), 0);
+    CHECK_EQ_INT(cpu_weight_pack_size(&k, &a), 0);
     tensor b = tensor_2d(QUANT_TYPE_F16, dummy, 512, 4);
-    CHECK_EQ_INT(cpu_weight_pack_size(&b), 0);
+    CHECK_EQ_INT(cpu_weight_pack_size(&k, &b), 0);
     tensor c = tensor_2d(QUANT_TYPE_Q8_0, dummy, 512, 4);
     c.nb[1] += 34;
-    CHECK_EQ_INT(cpu_weight_pack_size(&c), 0);
+    CHECK_EQ_INT(cpu_weight_pack_size(&k, &c), 0);
     tensor d = tensor_2d(QUANT_TYPE_Q4_0, dummy, 512, 4);
-    CHECK_EQ_INT(cpu_weight_pack_size(&d), 0);
+    CHECK_EQ_INT(cpu_weight_pack_size(&k, &d), 0);
     tensor e = tensor_2d(QUANT_TYPE_Q8_0, dummy, 512, 4);
-    CHECK(cpu_weight_pack_size(&e) > 0);
+    CHECK(cpu_weight_pack_size(&k, &e) > 0);
     e.layout = TENSOR_LAYOUT_Q8_0_X16;
-    CHECK_EQ_INT(cpu_weight_pack_size(&e), 0); /* packed already */
+    CHECK_EQ_INT(cpu_weight_pack_size(&k, &e), 0); /* packed already */
 }
 
 static const int64_t k_x_in[4] = {512, 1536, 2560, 1024};
@@ -143,7 +147,7 @@ TEST(gemm_q8_0_x16_same_bits_as_plain) {
         if (!level_available(level)) continue;
         cpu_kernels ks;
         cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
-        REQUIRE(ks.matmul_q8_0_x16 != NULL);
+        REQUIRE(ks.matmul_packed[QUANT_TYPE_Q8_0] != NULL);
         for (int ni = 0; ni < 4; ni++) {
             for (int oi = 0; oi < 6; oi++) {
                 for (int ri = 0; ri < 9; ri++) {
@@ -167,7 +171,7 @@ TEST(gemm_q8_0_x16_same_bits_as_plain) {
                     memset(y0, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
                     memset(y1, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
                     ks.matmul[QUANT_TYPE_Q8_0](w, (size_t)(n_in / 32) * 34, &act, 0, n_rows, y0, n_out, 0, n_out);
-                    ks.matmul_q8_0_x16(p, tp.nb[1], &act, 0, n_rows, y1, n_out, 0, n_out);
+                    ks.matmul_packed[QUANT_TYPE_Q8_0](p, tp.nb[1], &act, 0, n_rows, y1, n_out, 0, n_out);
                     int bad = x16_cmp(t, y1, y0, n_out, n_rows, extreme ? "packed vs plain (extreme)" : "packed vs plain",
                                       level, n_in);
                     for (int64_t i = 0; i < n_out * n_rows && !bad; i++) {
@@ -204,13 +208,13 @@ TEST(gemm_q8_0_x16_batch_invariant) {
         cpu_act act;
         void *mem;
         x16_act(&ks, &act, &mem, x, n_in, n_rows);
-        ks.matmul_q8_0_x16(p, tp.nb[1], &act, 0, n_rows, y, n_out, 0, n_out);
+        ks.matmul_packed[QUANT_TYPE_Q8_0](p, tp.nb[1], &act, 0, n_rows, y, n_out, 0, n_out);
         int bad = 0;
         for (int64_t len = 1; len <= 10 && !bad; len++) {
             const int64_t a = (len * 7) % (n_rows - len), nr = len == 10 ? n_rows - a : len;
             const int64_t c = len % 4 + (len > 5 ? 4 : 0), dd = n_out - (len % 3);
             memset(y2, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
-            ks.matmul_q8_0_x16(p, tp.nb[1], &act, a, nr, y2, n_out, c, dd);
+            ks.matmul_packed[QUANT_TYPE_Q8_0](p, tp.nb[1], &act, a, nr, y2, n_out, c, dd);
             for (int64_t i = 0; i < n_out * n_rows && !bad; i++) {
                 const int64_t row = i / n_out, o = i % n_out;
                 const bool inside = row >= a && row < a + nr && o >= c && o < dd;

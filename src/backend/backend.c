@@ -185,7 +185,16 @@ static dfl_status check_tensor(dfl_error *err, const backend_op *op, const char 
 static dfl_status check_weight(dfl_error *err, const backend_op *op, const tensor *w) {
     if (w->layout == TENSOR_LAYOUT_PLAIN) return check_tensor(err, op, "w", w);
     const char *what = NULL;
-    if (w->layout != TENSOR_LAYOUT_Q8_0_X16) {
+    if (w->layout == TENSOR_LAYOUT_KQ_X16) {
+        const size_t rec = tensor_kq_x16_record_bytes(w->type);
+        if (rec == 0) {
+            what = "is packed as k-quant x16 but is neither q4_K nor q6_K";
+        } else if (w->ne[0] <= 0 || w->ne[0] % QK_K != 0 || w->ne[1] <= 0 || w->ne[2] != 1 || w->ne[3] != 1) {
+            what = "is packed as k-quant x16: needs 2 dims with ne[0] a multiple of 256";
+        } else if (w->nb[1] != rec * (size_t)(w->ne[0] / QK_K) / 16 || w->data == NULL || ((uintptr_t)w->data & 63) != 0) {
+            what = "is packed as k-quant x16: needs nb[1] = record bytes x super-blocks / 16 and 64-byte aligned data";
+        }
+    } else if (w->layout != TENSOR_LAYOUT_Q8_0_X16) {
         what = "has an unknown layout";
     } else if (w->type != QUANT_TYPE_Q8_0) {
         what = "is packed as q8_0 x16 but is not q8_0";
@@ -464,6 +473,12 @@ void backend_free(backend *be) {
 }
 
 backend_caps backend_get_caps(const backend *be) { return be->vt->caps(be); }
+
+size_t tensor_kq_x16_record_bytes(uint32_t type) {
+    /* Q4_K: d|dmin x 16 (64) + 8 scales and 8 mins x 16 (256) + 32 qs dwords x 16 (2048);
+     * Q6_K: d x 16 (32, padded to 64) + 16 scales x 16 (256) + 32 ql and 16 qh dwords x 16 (3072) */
+    return type == QUANT_TYPE_Q4_K ? 2368 : type == QUANT_TYPE_Q6_K ? 3392 : 0;
+}
 
 size_t backend_weight_pack_size(const backend *be, const tensor *w) {
     if (be->vt->weight_pack_size == NULL || w->layout != TENSOR_LAYOUT_PLAIN) return 0;

@@ -51,11 +51,21 @@ typedef struct tensor {
  * apart, a multiple of 64) holds its n_in / 512 groups of 16 blocks, each as 512 bytes where byte
  * k*64 + j*4 + e is value 4k + e of block j plus 128 (as an unsigned byte; k 0..7, j 0..15,
  * e 0..3), followed by the n_in / 32 block scales (f16, block order). The same bytes as the row's
- * Q8_0 blocks, transposed like the prepared Q8_0 activations (docs/quantization.md). */
+ * Q8_0 blocks, transposed like the prepared Q8_0 activations (docs/quantization.md).
+ * TENSOR_LAYOUT_KQ_X16 (CPU): a Q4_K or Q6_K weight in groups of 16 rows (rows 16G .. 16G + 15
+ * from byte 16 G nb[1]; the last group padded with copies of the last row), each group as one
+ * record per super-block in which 32-bit lane i is row i's: its scales unpacked to one byte each
+ * and its quants dword by dword (docs/quantization.md: the byte offsets). nb[1] = the record
+ * bytes x super-blocks / 16; row addresses exist for multiples of 16 only, so a matmul over a
+ * packed weight takes output ranges that start at a group. */
 typedef enum tensor_layout {
     TENSOR_LAYOUT_PLAIN = 0,
     TENSOR_LAYOUT_Q8_0_X16 = 1,
+    TENSOR_LAYOUT_KQ_X16 = 2,
 } tensor_layout;
+
+/* Bytes of one KQ_X16 record (16 rows, one super-block): Q4_K 2368, Q6_K 3392; 0 for other types. */
+size_t tensor_kq_x16_record_bytes(uint32_t type);
 
 /* A contiguous n-d view (ne1..ne3 = 1 when absent). ne0 must be a multiple of the block size. */
 tensor tensor_1d(uint32_t type, void *data, int64_t ne0);

@@ -241,7 +241,7 @@ void cpu_kernels_init_ref(cpu_kernels *k) {
     k->matmul[QUANT_TYPE_Q4_0] = matmul_q_ref_q4_0;
     k->matmul[QUANT_TYPE_Q4_K] = matmul_q_ref_q4_K;
     k->matmul[QUANT_TYPE_Q6_K] = matmul_q_ref_q6_K;
-    k->matmul_q8_0_x16 = cpu_matmul_q8_0_x16_ref;
+    k->matmul_packed[QUANT_TYPE_Q8_0] = cpu_matmul_q8_0_x16_ref;
     k->act_row[QUANT_TYPE_F32] = act_row_f32_copy;
     k->act_row[QUANT_TYPE_F16] = cpu_act_row_f16_ref;
     k->act_row[QUANT_TYPE_BF16] = cpu_act_row_bf16_ref;

@@ -335,13 +335,11 @@ static dfl_status cpu_op_supported(const backend *bbe, const backend_op *op, dfl
 }
 
 static size_t cpu_vt_weight_pack_size(const backend *be, const tensor *w) {
-    (void)be;
-    return cpu_weight_pack_size(w);
+    return cpu_weight_pack_size(&((const cpu_backend *)be)->kernels, w);
 }
 
 static tensor cpu_vt_weight_pack(const backend *be, const tensor *w, void *dst) {
-    (void)be;
-    return cpu_weight_pack(w, dst);
+    return cpu_weight_pack(&((const cpu_backend *)be)->kernels, w, dst);
 }
 
 static void cpu_free(backend *bbe) {

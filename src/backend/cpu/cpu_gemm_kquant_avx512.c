@@ -190,6 +190,66 @@ T512 INL void q6K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
     }
 }
 
+/* The same decodes from a KQ_X16 record (cpu_pack.c), whose lanes are already row by row: loads,
+ * byte widening and nibble masks only, the same D. */
+T512 INL void q4K_decode_x16(const uint8_t *R, kq_dec *D) {
+    const __m512i h0 = _mm512_load_si512(R);
+    D->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0));
+    D->dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h0, 16)));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        D->sc[j] = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_SC + 16 * j)));
+        const __m512i m = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * j)));
+        D->mp[j] = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+    }
+    const __m512i low = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 32
+    for (int q = 0; q < 32; q++) {
+        const __m512i c = _mm512_load_si512(R + CPU_KQ_X16_QS + 64 * q);
+        const int c2 = q / 8, kk = q % 8; /* qs dword q: values 64 c2 + 4 kk (+32) */
+        D->w[8 * (2 * c2) + kk] = _mm512_and_si512(c, low);
+        D->w[8 * (2 * c2 + 1) + kk] = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);
+    }
+}
+
+T512 INL void q6K_decode_x16(const uint8_t *R, kq_dec *D) {
+    D->d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)R));
+    D->dmin = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) {
+        D->sc[j] = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * j)));
+    }
+    const __m512i lo16 = _mm512_set1_epi32(0xffff);
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; q++) {
+        const __m512i a = _mm512_slli_epi32(D->sc[2 * q], 5), b = _mm512_slli_epi32(D->sc[2 * q + 1], 5);
+        const __m512i na = _mm512_sub_epi32(_mm512_setzero_si512(), a), nb = _mm512_sub_epi32(_mm512_setzero_si512(), b);
+        D->mp[q] = _mm512_or_si512(_mm512_and_si512(na, lo16), _mm512_slli_epi32(nb, 16));
+    }
+    const uint8_t *ql = R + CPU_KQ_X16_QS, *qh = R + CPU_KQ_X16_Q6K_QH;
+    const __m512i low = _mm512_set1_epi8(0x0f), hmask = _mm512_set1_epi8(0x30);
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++) {
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) {
+#pragma GCC unroll 8
+            for (int ll = 0; ll < 8; ll++) { /* as q6K_decode */
+                const __m512i l4 = _mm512_load_si512(ql + 64 * (16 * n + 8 * (s & 1) + ll));
+                const __m512i lo4 = s >= 2 ? _mm512_and_si512(_mm512_srli_epi16(l4, 4), low) : _mm512_and_si512(l4, low);
+                const __m512i hv = _mm512_load_si512(qh + 64 * (8 * n + ll));
+                __m512i h2;
+                switch (s) {
+                case 0: h2 = _mm512_slli_epi16(hv, 4); break;
+                case 1: h2 = _mm512_slli_epi16(hv, 2); break;
+                case 2: h2 = hv; break;
+                default: h2 = _mm512_srli_epi16(hv, 2); break;
+                }
+                D->w[32 * n + 8 * s + ll] = _mm512_or_si512(lo4, _mm512_and_si512(h2, hmask));
+            }
+        }
+    }
+}
+
 /* ---- the row tiles ---------------------------------------------------------------------------- */
 
 T512 INL __m512i bcast32(const void *p) {
@@ -252,26 +312,42 @@ T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t
     }
 }
 
-T512 INL void mm_kq_512(const void *w, size_t w_nb1, const int Q6, const cpu_act *act, int64_t r0, int64_t nr,
-                        float *dst, int64_t ds, int64_t o0, int64_t o1) {
+/* X16: w is packed as TENSOR_LAYOUT_KQ_X16 (group g's records from w + 16 g w_nb1; o0 % 16 == 0). */
+T512 INL void mm_kq_512(const void *w, size_t w_nb1, const int Q6, const int X16, const cpu_act *act, int64_t r0,
+                        int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1) {
     const int64_t nsb = act->n_in / QK_K;
     const size_t bsz = Q6 ? sizeof(block_q6_K) : sizeof(block_q4_K);
+    const size_t rec = Q6 ? 3392 : 2368; /* tensor_kq_x16_record_bytes */
     kq_dec D;
     float acc[KQ_RCHUNK * 16] __attribute__((aligned(64)));
     for (int64_t o = o0; o < o1; o += KQ_W) {
         const int nw = o1 - o >= KQ_W ? KQ_W : (int)(o1 - o);
         const __mmask16 mask = (__mmask16)((1u << nw) - 1);
         const uint8_t *p[KQ_W]; /* missing rows repeat the last one (their lanes are not stored) */
-        for (int i = 0; i < KQ_W; i++) p[i] = (const uint8_t *)w + (size_t)(o + (i < nw ? i : nw - 1)) * w_nb1;
+        const uint8_t *grp = (const uint8_t *)w + (size_t)o * w_nb1; /* X16: the group's first record */
+        if (!X16) {
+            for (int i = 0; i < KQ_W; i++) p[i] = (const uint8_t *)w + (size_t)(o + (i < nw ? i : nw - 1)) * w_nb1;
+        }
         for (int64_t rc = r0; rc < r0 + nr; rc += KQ_RCHUNK) {
             const int64_t nrc = r0 + nr - rc >= KQ_RCHUNK ? KQ_RCHUNK : r0 + nr - rc;
             for (int64_t r = 0; r < nrc; r++) _mm512_store_ps(acc + 16 * r, _mm512_setzero_ps());
             for (int64_t sb = 0; sb < nsb; sb++) {
-                if (sb + 1 < nsb) prefetch16(p, (size_t)(sb + 1) * bsz, bsz);
-                if (Q6) {
-                    q6K_decode(p, sb, &D);
+                if (X16) {
+                    /* the record two ahead (the next group's first ones at the end of a group) */
+                    const char *pf = (const char *)grp + (size_t)(sb + 2) * rec;
+                    for (size_t b = 0; b < rec; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
+                    if (Q6) {
+                        q6K_decode_x16(grp + (size_t)sb * rec, &D);
+                    } else {
+                        q4K_decode_x16(grp + (size_t)sb * rec, &D);
+                    }
                 } else {
-                    q4K_decode(p, sb, &D);
+                    if (sb + 1 < nsb) prefetch16(p, (size_t)(sb + 1) * bsz, bsz);
+                    if (Q6) {
+                        q6K_decode(p, sb, &D);
+                    } else {
+                        q4K_decode(p, sb, &D);
+                    }
                 }
                 for (int64_t rt = 0; rt < nrc; rt += KQ_NT) {
                     const int nt = nrc - rt >= KQ_NT ? KQ_NT : (int)(nrc - rt);
@@ -295,19 +371,39 @@ T512 INL void mm_kq_512(const void *w, size_t w_nb1, const int Q6, const cpu_act
 
 T512 static void mm_q4_K_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                              int64_t ds, int64_t o0, int64_t o1) {
-    mm_kq_512(w, w_nb1, 0, act, r0, nr, dst, ds, o0, o1);
+    mm_kq_512(w, w_nb1, 0, 0, act, r0, nr, dst, ds, o0, o1);
 }
 
 T512 static void mm_q6_K_512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                              int64_t ds, int64_t o0, int64_t o1) {
-    mm_kq_512(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
+    mm_kq_512(w, w_nb1, 1, 0, act, r0, nr, dst, ds, o0, o1);
+}
+
+T512 void cpu_mm_q4_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                                 int64_t ds, int64_t o0, int64_t o1) {
+    mm_kq_512(w, w_nb1, 0, 1, act, r0, nr, dst, ds, o0, o1);
+}
+
+T512 void cpu_mm_q6_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                                 int64_t ds, int64_t o0, int64_t o1) {
+    mm_kq_512(w, w_nb1, 1, 1, act, r0, nr, dst, ds, o0, o1);
 }
 
 void cpu_kernels_init_kquant_avx512(cpu_kernels *k) {
     k->matmul[QUANT_TYPE_Q4_K] = mm_q4_K_512;
     k->matmul[QUANT_TYPE_Q6_K] = mm_q6_K_512;
+    k->matmul_packed[QUANT_TYPE_Q4_K] = cpu_mm_q4_K_x16_avx512;
+    k->matmul_packed[QUANT_TYPE_Q6_K] = cpu_mm_q6_K_x16_avx512;
 }
 
 #else
 void cpu_kernels_init_kquant_avx512(cpu_kernels *k) { (void)k; }
+void cpu_mm_q4_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1) {
+    cpu_matmul_kq_x16_ref(QUANT_TYPE_Q4_K, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+}
+void cpu_mm_q6_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1) {
+    cpu_matmul_kq_x16_ref(QUANT_TYPE_Q6_K, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+}
 #endif

@@ -103,7 +103,9 @@ typedef void (*cpu_f16_row_fn)(uint16_t *d, const float *x, int64_t n);
 typedef struct cpu_kernels {
     const char *name;                     /* "scalar", "avx2", "avx512" */
     cpu_matmul_fn matmul[QUANT_TYPE_COUNT]; /* by weight type; NULL = unsupported */
-    cpu_matmul_fn matmul_q8_0_x16;        /* Q8_0 weights in TENSOR_LAYOUT_Q8_0_X16 (cpu_pack.c) */
+    /* weights packed by cpu_weight_pack (cpu_pack.c): Q8_0 in TENSOR_LAYOUT_Q8_0_X16, Q4_K / Q6_K in
+     * TENSOR_LAYOUT_KQ_X16; NULL: that type is not packed at this level */
+    cpu_matmul_fn matmul_packed[QUANT_TYPE_COUNT];
     cpu_act_row_fn act_row[QUANT_TYPE_COUNT]; /* by weight type */
     cpu_dot_f16_fn dot_f16;
     cpu_axpy_f16_fn axpy_f16;
@@ -143,12 +145,34 @@ uint32_t cpu_features_detect(void);
 
 /* ---- packed weights (cpu_pack.c) --------------------------------------------------------- */
 
-/* w can be packed (a plain contiguous 2-d Q8_0 weight with n_in a multiple of 512). */
-bool cpu_weight_packable(const tensor *w);
-/* Bytes of w packed (0: not packable). */
-size_t cpu_weight_pack_size(const tensor *w);
+/* The layout w gets packed for kernels k (PLAIN: not packed): a plain contiguous 2-d weight of a
+ * type k has a packed kernel for; Q8_0 needs n_in a multiple of 512. */
+uint32_t cpu_weight_pack_layout(const cpu_kernels *k, const tensor *w);
+/* Bytes of w packed (0: not packed). */
+size_t cpu_weight_pack_size(const cpu_kernels *k, const tensor *w);
 /* Packs w into dst (64-byte aligned, cpu_weight_pack_size bytes); returns the packed view. */
-tensor cpu_weight_pack(const tensor *w, void *dst);
+tensor cpu_weight_pack(const cpu_kernels *k, const tensor *w, void *dst);
+/* KQ_X16 record offsets (lane i = row i of the group; tensor_kq_x16_record_bytes in all):
+ * Q4_K: [0, 64) d | dmin << 16 per lane; SC + 16 j + i, M + 16 j + i: sub-block j's 6-bit scale and
+ * min (j < 8); QS + 64 q + 4 i: qs dword q (q < 32).
+ * Q6_K: [0, 32) d (f16) per lane; SC + 16 j + i: scale j (int8, j < 16); QS + 64 q + 4 i: ql dword q
+ * (q < 32); QH + 64 q + 4 i: qh dword q (q < 16). */
+#define CPU_KQ_X16_Q4K_SC 64
+#define CPU_KQ_X16_Q4K_M 192
+#define CPU_KQ_X16_Q6K_SC 64
+#define CPU_KQ_X16_QS 320
+#define CPU_KQ_X16_Q6K_QH 2368
+/* Q4_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes (ggml's
+ * get_scale_min_k4). */
+void cpu_q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m);
+/* The AVX-512 KQ_X16 kernels (cpu_gemm_kquant_avx512.c); o0 a multiple of 16. */
+void cpu_mm_q4_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_q6_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                            int64_t ds, int64_t o0, int64_t o1);
+/* Scalar reference of the KQ_X16 layouts (the f64 sums of cpu_matmul_q_ref on the plain rows). */
+void cpu_matmul_kq_x16_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                           float *dst, int64_t ds, int64_t o0, int64_t o1);
 /* One row: n_in / 32 Q8_0 blocks -> its packed bytes (the row stride, padding zeroed). */
 void cpu_pack_q8_0_x16_row(uint8_t *dst, const block_q8_0 *src, int64_t n_in);
 /* The Q8_0 x16 matmul kernels (cpu_gemm_q8_0_x16_avx512.c, cpu_gemm_q8_0_x16_avx2.c). */

@@ -9,7 +9,7 @@
 #include <string.h>
 
 /* Q4_K: 6-bit scale and min of sub-block j (0..7), as ggml's get_scale_min_k4. */
-static void q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+void cpu_q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m) {
     if (j < 4) {
         *sc = q[j] & 63;
         *m = q[j + 4] & 63;
@@ -26,6 +26,41 @@ static int q6_K_value(const block_q6_K *b, int e) {
     const int lo = k >= 2 ? ql >> 4 : ql & 0xF;
     const int hi = (b->qh[32 * n + l] >> (2 * k)) & 3;
     return (lo | (hi << 4)) - 32;
+}
+
+/* Super-block b of a Q4_K row (its f16 d, dmin, the unpacked scales and mins, the 128 qs bytes)
+ * against activation row r, in f64. */
+static double dot_q4_K_sb(uint16_t d, uint16_t dmin, const int sc[8], const int m[8], const uint8_t *qs,
+                          const cpu_act *act, int64_t r, int64_t b) {
+    const int64_t n = act->n_in;
+    const int8_t *q = act->qs + r * n + b * QK_K;
+    const float dx = act->d[r * (n / QK_K) + b];
+    const int16_t *bs = act->bsums + r * (n / 16) + b * 16;
+    int64_t isc = 0, imin = 0;
+    for (int j = 0; j < 8; j++) {
+        int32_t dot = 0;
+        for (int l = 0; l < 32; l++) {
+            const uint8_t byte = qs[32 * (j / 2) + l];
+            const int v = (j & 1) ? byte >> 4 : byte & 0xF;
+            dot += v * q[32 * j + l];
+        }
+        isc += (int64_t)sc[j] * dot;
+        imin += (int64_t)m[j] * (bs[2 * j] + bs[2 * j + 1]);
+    }
+    return (double)fp16_to_fp32(d) * (double)dx * (double)isc - (double)fp16_to_fp32(dmin) * (double)dx * (double)imin;
+}
+
+/* Super-block b of a Q6_K row against activation row r, in f64. */
+static double dot_q6_K_sb(const block_q6_K *blk, const cpu_act *act, int64_t r, int64_t b) {
+    const int64_t n = act->n_in;
+    const int8_t *q = act->qs + r * n + b * QK_K;
+    int64_t isum = 0;
+    for (int j = 0; j < 16; j++) {
+        int32_t dot = 0;
+        for (int l = 0; l < 16; l++) dot += q6_K_value(blk, 16 * j + l) * q[16 * j + l];
+        isum += (int64_t)blk->scales[j] * dot;
+    }
+    return (double)fp16_to_fp32(blk->d) * (double)act->d[r * (n / QK_K) + b] * (double)isum;
 }
 
 /* One weight row o against activation row r, in f64. */
@@ -74,44 +109,16 @@ static double dot_row(uint32_t wtype, const void *wrow, const cpu_act *act, int6
         return sum;
     }
     case QUANT_TYPE_Q4_K: {
-        const int8_t *qx = act->qs + r * n;
-        const float *dx = act->d + r * (n / QK_K);
-        const int16_t *bs = act->bsums + r * (n / 16);
         for (int64_t b = 0; b < n / QK_K; b++) {
             const block_q4_K *blk = (const block_q4_K *)wrow + b;
-            const int8_t *q = qx + b * QK_K;
-            int64_t isc = 0, imin = 0;
-            for (int j = 0; j < 8; j++) {
-                int sc, m;
-                q4_K_scale_min(j, blk->scales, &sc, &m);
-                int32_t dot = 0;
-                for (int l = 0; l < 32; l++) {
-                    const uint8_t byte = blk->qs[32 * (j / 2) + l];
-                    const int v = (j & 1) ? byte >> 4 : byte & 0xF;
-                    dot += v * q[32 * j + l];
-                }
-                isc += (int64_t)sc * dot;
-                imin += (int64_t)m * (bs[b * 16 + 2 * j] + bs[b * 16 + 2 * j + 1]);
-            }
-            sum += (double)fp16_to_fp32(blk->d) * (double)dx[b] * (double)isc -
-                   (double)fp16_to_fp32(blk->dmin) * (double)dx[b] * (double)imin;
+            int sc[8], m[8];
+            for (int j = 0; j < 8; j++) cpu_q4_K_scale_min(j, blk->scales, &sc[j], &m[j]);
+            sum += dot_q4_K_sb(blk->d, blk->dmin, sc, m, blk->qs, act, r, b);
         }
         return sum;
     }
     case QUANT_TYPE_Q6_K: {
-        const int8_t *qx = act->qs + r * n;
-        const float *dx = act->d + r * (n / QK_K);
-        for (int64_t b = 0; b < n / QK_K; b++) {
-            const block_q6_K *blk = (const block_q6_K *)wrow + b;
-            const int8_t *q = qx + b * QK_K;
-            int64_t isum = 0;
-            for (int j = 0; j < 16; j++) {
-                int32_t dot = 0;
-                for (int l = 0; l < 16; l++) dot += q6_K_value(blk, 16 * j + l) * q[16 * j + l];
-                isum += (int64_t)blk->scales[j] * dot;
-            }
-            sum += (double)fp16_to_fp32(blk->d) * (double)dx[b] * (double)isum;
-        }
+        for (int64_t b = 0; b < n / QK_K; b++) sum += dot_q6_K_sb((const block_q6_K *)wrow + b, act, r, b);
         return sum;
     }
     default:
@@ -153,5 +160,44 @@ void cpu_matmul_q8_0_x16_ref(const void *w, size_t w_nb1, const cpu_act *act, in
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
         for (int64_t r = r0; r < r0 + nr; r++) dst[r * ds + o] = (float)dot_row_q8_0_x16(wrow, act, r);
+    }
+}
+
+/* KQ_X16 (cpu_pack.c): row o is lane o % 16 of the records of group o / 16; each super-block's
+ * fields are gathered back from the lane and summed as dot_row does. */
+void cpu_matmul_kq_x16_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                           float *dst, int64_t ds, int64_t o0, int64_t o1) {
+    const size_t rec = tensor_kq_x16_record_bytes(wtype);
+    const int64_t nsb = act->n_in / QK_K;
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *group = (const uint8_t *)w + (size_t)(o / 16) * 16 * w_nb1;
+        const int i = (int)(o % 16);
+        for (int64_t r = r0; r < r0 + nr; r++) {
+            double sum = 0.0;
+            for (int64_t b = 0; b < nsb; b++) {
+                const uint8_t *R = group + (size_t)b * rec;
+                if (wtype == QUANT_TYPE_Q4_K) {
+                    uint16_t d, dmin;
+                    memcpy(&d, R + 4 * i, 2);
+                    memcpy(&dmin, R + 4 * i + 2, 2);
+                    int sc[8], m[8];
+                    uint8_t qs[QK_K / 2];
+                    for (int j = 0; j < 8; j++) {
+                        sc[j] = R[CPU_KQ_X16_Q4K_SC + 16 * j + i];
+                        m[j] = R[CPU_KQ_X16_Q4K_M + 16 * j + i];
+                    }
+                    for (int q = 0; q < QK_K / 8; q++) memcpy(qs + 4 * q, R + CPU_KQ_X16_QS + 64 * q + 4 * i, 4);
+                    sum += dot_q4_K_sb(d, dmin, sc, m, qs, act, r, b);
+                } else {
+                    block_q6_K blk;
+                    memcpy(&blk.d, R + 2 * i, 2);
+                    for (int j = 0; j < 16; j++) blk.scales[j] = (int8_t)R[CPU_KQ_X16_Q6K_SC + 16 * j + i];
+                    for (int q = 0; q < QK_K / 8; q++) memcpy(blk.ql + 4 * q, R + CPU_KQ_X16_QS + 64 * q + 4 * i, 4);
+                    for (int q = 0; q < QK_K / 16; q++) memcpy(blk.qh + 4 * q, R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, 4);
+                    sum += dot_q6_K_sb(&blk, act, r, b);
+                }
+            }
+            dst[r * ds + o] = (float)sum;
+        }
     }
 }

@@ -1,11 +1,17 @@
 /* cpu_pack.c: weights packed once, at load, for the CPU matmul kernels (backend_weight_pack).
- * TENSOR_LAYOUT_Q8_0_X16 (backend.h): a Q8_0 row's blocks in groups of 16, each group's 512
- * quants transposed like the prepared Q8_0 activations (byte cpu_q8_0_offset(i) of the row holds
- * value i plus 128) and the block scales after the last group. The kernels then read a weight
- * group with eight plain 64-byte loads instead of transposing and gathering 16 blocks in every
- * matmul (decode, verify, prefill alike). Same byte count as the Q8_0 row; rows are padded to 64
- * bytes (32 extra bytes for an odd number of groups). Packed rows give the same bits as plain
- * ones at every feature level (the kernels do the same integer and f32 operations). */
+ * - TENSOR_LAYOUT_Q8_0_X16 (backend.h): a Q8_0 row's blocks in groups of 16, each group's 512
+ *   quants transposed like the prepared Q8_0 activations (byte cpu_q8_0_offset(i) of the row holds
+ *   value i plus 128) and the block scales after the last group. The kernels then read a weight
+ *   group with eight plain 64-byte loads instead of transposing and gathering 16 blocks in every
+ *   matmul (decode, verify, prefill alike). Same byte count as the Q8_0 row; rows are padded to 64
+ *   bytes (32 extra bytes for an odd number of groups).
+ * - TENSOR_LAYOUT_KQ_X16: Q4_K / Q6_K rows in groups of 16, one record per super-block with row i
+ *   of the group in 32-bit lane i: the f16 scales, the 6-bit (Q4_K) or int8 (Q6_K) sub-block scales
+ *   one byte per row, and the quants dword by dword (record offsets below and in
+ *   docs/quantization.md). The kernels load the lanes they decoded with 16x16 transposes before.
+ *   1-3% more bytes than the blocks.
+ * Packed weights give the same bits as plain ones (the kernels do the same integer and f32
+ * operations on the same values). A type is packed only where the level has a kernel for it. */
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
 
@@ -16,15 +22,25 @@ static size_t q8_0_x16_row_stride(int64_t n_in) {
     return (bytes + 63) & ~(size_t)63;
 }
 
-bool cpu_weight_packable(const tensor *w) {
-    return w->type == QUANT_TYPE_Q8_0 && w->layout == TENSOR_LAYOUT_PLAIN && w->ne[0] > 0 &&
-           w->ne[0] % CPU_Q8_0_GROUP_VALUES == 0 && w->ne[1] > 0 && w->ne[2] == 1 && w->ne[3] == 1 &&
-           w->nb[0] == sizeof(block_q8_0) && w->nb[1] == (size_t)(w->ne[0] / QK8_0) * sizeof(block_q8_0) &&
-           w->data != NULL;
+uint32_t cpu_weight_pack_layout(const cpu_kernels *k, const tensor *w) {
+    const quant_type_info *ti = quant_type_get(w->type);
+    if (ti == NULL || w->layout != TENSOR_LAYOUT_PLAIN || w->ne[0] <= 0 || w->ne[1] <= 0 || w->ne[2] != 1 ||
+        w->ne[3] != 1 || w->data == NULL || w->ne[0] % ti->blck_size != 0 || w->nb[0] != ti->type_size ||
+        w->nb[1] != (size_t)(w->ne[0] / ti->blck_size) * ti->type_size || k->matmul_packed[w->type] == NULL) {
+        return TENSOR_LAYOUT_PLAIN;
+    }
+    if (w->type == QUANT_TYPE_Q8_0 && w->ne[0] % CPU_Q8_0_GROUP_VALUES == 0) return TENSOR_LAYOUT_Q8_0_X16;
+    if (tensor_kq_x16_record_bytes(w->type) != 0) return TENSOR_LAYOUT_KQ_X16;
+    return TENSOR_LAYOUT_PLAIN;
 }
 
-size_t cpu_weight_pack_size(const tensor *w) {
-    return cpu_weight_packable(w) ? q8_0_x16_row_stride(w->ne[0]) * (size_t)w->ne[1] : 0;
+size_t cpu_weight_pack_size(const cpu_kernels *k, const tensor *w) {
+    switch (cpu_weight_pack_layout(k, w)) {
+    case TENSOR_LAYOUT_Q8_0_X16: return q8_0_x16_row_stride(w->ne[0]) * (size_t)w->ne[1];
+    case TENSOR_LAYOUT_KQ_X16:
+        return (size_t)((w->ne[1] + 15) / 16) * (size_t)(w->ne[0] / QK_K) * tensor_kq_x16_record_bytes(w->type);
+    default: return 0;
+    }
 }
 
 void cpu_pack_q8_0_x16_row(uint8_t *dst, const block_q8_0 *src, int64_t n_in) {
@@ -44,19 +60,60 @@ void cpu_pack_q8_0_x16_row(uint8_t *dst, const block_q8_0 *src, int64_t n_in) {
     memset(dst + used, 0, stride - used);
 }
 
-tensor cpu_weight_pack(const tensor *w, void *dst) {
-    DFL_ASSERT(cpu_weight_packable(w) && ((uintptr_t)dst & 63) == 0);
-    const size_t stride = q8_0_x16_row_stride(w->ne[0]);
-    for (int64_t o = 0; o < w->ne[1]; o++) {
-        cpu_pack_q8_0_x16_row((uint8_t *)dst + (size_t)o * stride,
-                              (const block_q8_0 *)((const char *)w->data + (size_t)o * w->nb[1]), w->ne[0]);
+/* One KQ_X16 record: super-block sb of rows[0..15] (cpu_internal.h: CPU_KQ_X16_* offsets). */
+static void pack_kq_record(uint8_t *R, uint32_t type, const uint8_t *const rows[16], int64_t sb) {
+    memset(R, 0, tensor_kq_x16_record_bytes(type));
+    for (int i = 0; i < 16; i++) {
+        if (type == QUANT_TYPE_Q4_K) {
+            const block_q4_K *b = (const block_q4_K *)rows[i] + sb;
+            memcpy(R + 4 * i, &b->d, 2);
+            memcpy(R + 4 * i + 2, &b->dmin, 2);
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                cpu_q4_K_scale_min(j, b->scales, &sc, &m);
+                R[CPU_KQ_X16_Q4K_SC + 16 * j + i] = (uint8_t)sc;
+                R[CPU_KQ_X16_Q4K_M + 16 * j + i] = (uint8_t)m;
+            }
+            for (int q = 0; q < QK_K / 8; q++) memcpy(R + CPU_KQ_X16_QS + 64 * q + 4 * i, b->qs + 4 * q, 4);
+        } else {
+            const block_q6_K *b = (const block_q6_K *)rows[i] + sb;
+            memcpy(R + 2 * i, &b->d, 2);
+            for (int j = 0; j < 16; j++) R[CPU_KQ_X16_Q6K_SC + 16 * j + i] = (uint8_t)b->scales[j];
+            for (int q = 0; q < QK_K / 8; q++) memcpy(R + CPU_KQ_X16_QS + 64 * q + 4 * i, b->ql + 4 * q, 4);
+            for (int q = 0; q < QK_K / 16; q++) memcpy(R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, b->qh + 4 * q, 4);
+        }
     }
+}
+
+tensor cpu_weight_pack(const cpu_kernels *k, const tensor *w, void *dst) {
+    const uint32_t layout = cpu_weight_pack_layout(k, w);
+    DFL_ASSERT(layout != TENSOR_LAYOUT_PLAIN && ((uintptr_t)dst & 63) == 0);
     tensor t = *w;
     t.data = dst;
     t.buf = NULL;
-    t.layout = TENSOR_LAYOUT_Q8_0_X16;
-    t.nb[1] = stride;
-    t.nb[2] = stride * (size_t)w->ne[1];
+    t.layout = layout;
+    if (layout == TENSOR_LAYOUT_Q8_0_X16) {
+        const size_t stride = q8_0_x16_row_stride(w->ne[0]);
+        for (int64_t o = 0; o < w->ne[1]; o++) {
+            cpu_pack_q8_0_x16_row((uint8_t *)dst + (size_t)o * stride,
+                                  (const block_q8_0 *)((const char *)w->data + (size_t)o * w->nb[1]), w->ne[0]);
+        }
+        t.nb[1] = stride;
+    } else {
+        const size_t rec = tensor_kq_x16_record_bytes(w->type);
+        const int64_t nsb = w->ne[0] / QK_K, n_out = w->ne[1];
+        uint8_t *R = dst;
+        for (int64_t g = 0; g < (n_out + 15) / 16; g++) {
+            const uint8_t *rows[16]; /* the last group repeats the last row */
+            for (int i = 0; i < 16; i++) {
+                const int64_t o = 16 * g + i < n_out ? 16 * g + i : n_out - 1;
+                rows[i] = (const uint8_t *)w->data + (size_t)o * w->nb[1];
+            }
+            for (int64_t sb = 0; sb < nsb; sb++, R += rec) pack_kq_record(R, w->type, rows, sb);
+        }
+        t.nb[1] = rec * (size_t)nsb / 16;
+    }
+    t.nb[2] = t.nb[1] * (size_t)w->ne[1];
     t.nb[3] = t.nb[2];
     return t;
 }

@@ -1,0 +1,349 @@
+/* test_gemm_kq_x16.c: Q4_K / Q6_K weights packed for the AVX-512 kernels (TENSOR_LAYOUT_KQ_X16,
+ * cpu_pack.c): 16 rows per group, one record per super-block with row i in 32-bit lane i.
+ * - the layout: every record field at its offset (d, dmin, the unpacked 6-bit / int8 scales, the
+ *   quant dwords), the last group padded with the last row; which levels pack (AVX-512 only);
+ * - the packed kernels give the bits of the plain kernels on awkward shapes (n_in 256 .. 2816,
+ *   outputs 1 .. 37, rows 1 .. 130), random and extreme blocks; the packed reference gives the
+ *   bits of the plain reference (also at levels that do not pack);
+ * - output ranges starting at any group and any row range give the full call's bits and write
+ *   nothing outside;
+ * - op_matmul / op_matmul_argmax on 2 threads: packed equals plain; malformed packed views are
+ *   refused;
+ * - a Q4_K_M model (dflash quantize of a generated F16 one): the same logits and greedy tokens
+ *   with and without the packed copy. */
+#include "test.h"
+#include "test_backend_util.h"
+#include "test_util.h"
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_internal.h"
+#include "base/error.h"
+#include "model/context.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const uint32_t k_kt[2] = {QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K};
+
+/* the AVX-512 kernels (false if this machine has none: the test then checks the references only) */
+static bool kx_avx512(cpu_kernels *k) {
+    if (!level_available(2)) return false;
+    cpu_kernels_select(k, cpu_features_detect() & ~level_disable(2));
+    return k->matmul_packed[QUANT_TYPE_Q4_K] != NULL;
+}
+
+/* A packed copy (aligned_alloc'd) of the plain weight w; poisoned first so that every byte must
+ * be written. The reference kernel set packs nothing, so the packing goes through k. */
+static uint8_t *kx_pack(const cpu_kernels *k, uint32_t type, const void *w, int64_t n_in, int64_t n_out, tensor *out) {
+    tensor tw = tensor_2d(type, (void *)w, n_in, n_out);
+    const size_t sz = cpu_weight_pack_size(k, &tw);
+    DFL_ASSERT(sz == (size_t)((n_out + 15) / 16) * (size_t)(n_in / QK_K) * tensor_kq_x16_record_bytes(type));
+    uint8_t *p = aligned_alloc(64, sz);
+    DFL_ASSERT(p != NULL);
+    memset(p, 0xcd, sz);
+    *out = cpu_weight_pack(k, &tw, p);
+    return p;
+}
+
+TEST(gemm_kq_x16_layout) {
+    cpu_kernels k, kr, k2;
+    if (!kx_avx512(&k)) {
+        test_skip(t, "no AVX-512 VNNI: K-quants are packed only for the AVX-512 kernels");
+        return;
+    }
+    cpu_kernels_init_ref(&kr);
+    rng r = {123};
+    for (int ti = 0; ti < 2; ti++) {
+        const uint32_t type = k_kt[ti];
+        const int64_t n_in = 512, n_out = 19, nsb = 2; /* two groups, the second padded */
+        void *w = make_kq_weight(&r, type, n_in, n_out, false);
+        tensor tp;
+        uint8_t *p = kx_pack(&k, type, w, n_in, n_out, &tp);
+        const size_t rec = tensor_kq_x16_record_bytes(type);
+        CHECK_EQ_INT(tp.layout, TENSOR_LAYOUT_KQ_X16);
+        CHECK_EQ_INT(tp.nb[1], rec * nsb / 16);
+        int bad = 0;
+        for (int64_t o = 0; o < 32 && !bad; o++) {
+            const int64_t src = o < n_out ? o : n_out - 1, i = o % 16;
+            for (int64_t sb = 0; sb < nsb && !bad; sb++) {
+                const uint8_t *R = p + (size_t)(o / 16) * 16 * tp.nb[1] + (size_t)sb * rec;
+                if (type == QUANT_TYPE_Q4_K) {
+                    const block_q4_K *b = (const block_q4_K *)w + src * nsb + sb;
+                    bad |= memcmp(R + 4 * i, &b->d, 2) != 0 || memcmp(R + 4 * i + 2, &b->dmin, 2) != 0;
+                    for (int j = 0; j < 8; j++) {
+                        int sc, m;
+                        cpu_q4_K_scale_min(j, b->scales, &sc, &m);
+                        bad |= R[CPU_KQ_X16_Q4K_SC + 16 * j + i] != sc || R[CPU_KQ_X16_Q4K_M + 16 * j + i] != m;
+                    }
+                    for (int q = 0; q < 32; q++) bad |= memcmp(R + CPU_KQ_X16_QS + 64 * q + 4 * i, b->qs + 4 * q, 4) != 0;
+                } else {
+                    const block_q6_K *b = (const block_q6_K *)w + src * nsb + sb;
+                    bad |= memcmp(R + 2 * i, &b->d, 2) != 0 || R[32 + i] != 0;
+                    for (int j = 0; j < 16; j++) bad |= (int8_t)R[CPU_KQ_X16_Q6K_SC + 16 * j + i] != b->scales[j];
+                    for (int q = 0; q < 32; q++) bad |= memcmp(R + CPU_KQ_X16_QS + 64 * q + 4 * i, b->ql + 4 * q, 4) != 0;
+                    for (int q = 0; q < 16; q++) bad |= memcmp(R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, b->qh + 4 * q, 4) != 0;
+                }
+                CHECK_MSG(!bad, "%s: packed row %lld super-block %lld differs from its block",
+                          quant_type_get(type)->name, (long long)o, (long long)sb);
+            }
+        }
+        tensor tw = tensor_2d(type, w, n_in, n_out);
+        CHECK_EQ_INT(cpu_weight_pack_size(&kr, &tw), 0); /* the scalar level reads the blocks */
+        if (level_available(1)) {
+            cpu_kernels_select(&k2, cpu_features_detect() & ~level_disable(1));
+            CHECK_EQ_INT(cpu_weight_pack_size(&k2, &tw), 0); /* so does AVX2 */
+        }
+        free(p);
+        free(w);
+    }
+}
+
+static const int64_t k_kn_in[3] = {256, 768, 2816};
+static const int64_t k_kn_out[5] = {1, 3, 13, 16, 37};
+static const int64_t k_krows[8] = {1, 3, 4, 5, 16, 17, 33, 130};
+
+static void kx_act(const cpu_kernels *ks, uint32_t type, cpu_act *act, void **mem, const float *x, int64_t n_in,
+                   int64_t n_rows) {
+    const size_t bytes = cpu_act_bytes(CPU_DOT_Q8_K, n_in, n_rows);
+    *mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    DFL_ASSERT(*mem != NULL);
+    memset(*mem, 0, bytes);
+    cpu_act_layout(act, CPU_DOT_Q8_K, n_in, n_rows, *mem);
+    for (int64_t row = 0; row < n_rows; row++) ks->act_row[type](act, row, x + row * n_in);
+}
+
+static int kx_cmp(test_ctx *t, const float *a, const float *b, int64_t n, int64_t n_out, const char *what,
+                  uint32_t type, int64_t n_in) {
+    for (int64_t i = 0; i < n; i++) {
+        if (memcmp(&a[i], &b[i], 4) != 0) {
+            test_fail(t, __FILE__, __LINE__, "%s %s n_in %lld n_out %lld: out %lld row %lld: %.9g vs %.9g", what,
+                      quant_type_get(type)->name, (long long)n_in, (long long)n_out, (long long)(i % n_out),
+                      (long long)(i / n_out), a[i], b[i]);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+TEST(gemm_kq_x16_same_bits_as_plain) {
+    cpu_kernels k;
+    const bool have = kx_avx512(&k);
+    if (!have) cpu_kernels_select(&k, cpu_features_detect()); /* the references still run */
+    rng r = {8080};
+    for (int ti = 0; ti < 2; ti++) {
+        for (int ni = 0; ni < 3; ni++) {
+            for (int oi = 0; oi < 5; oi++) {
+                for (int ri = 0; ri < 8; ri++) {
+                    if (k_kn_in[ni] == 2816 && k_krows[ri] == 130 && oi != 4) continue;
+                    const uint32_t type = k_kt[ti];
+                    const int64_t n_in = k_kn_in[ni], n_out = k_kn_out[oi], n_rows = k_krows[ri];
+                    const bool extreme = (oi + ri) % 7 == 3;
+                    void *w = make_kq_weight(&r, type, n_in, n_out, extreme);
+                    float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
+                    float *y0 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+                    float *y1 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+                    REQUIRE(w && x && y0 && y1);
+                    fill_f32(&r, x, n_in * n_rows, extreme ? 0.0f : 2.0f);
+                    if (extreme) {
+                        for (int64_t i = 0; i < n_in * n_rows; i++) x[i] = 1.5f; /* every q at -127 or 127 */
+                    }
+                    cpu_act act;
+                    void *mem;
+                    kx_act(&k, type, &act, &mem, x, n_in, n_rows);
+                    const size_t wrow = quant_row_size(type, n_in);
+                    if (have) {
+                        tensor tp;
+                        uint8_t *p = kx_pack(&k, type, w, n_in, n_out, &tp);
+                        memset(y0, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
+                        memset(y1, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
+                        k.matmul[type](w, wrow, &act, 0, n_rows, y0, n_out, 0, n_out);
+                        k.matmul_packed[type](p, tp.nb[1], &act, 0, n_rows, y1, n_out, 0, n_out);
+                        kx_cmp(t, y1, y0, n_out * n_rows, n_out, extreme ? "packed vs plain (extreme)" : "packed vs plain",
+                               type, n_in);
+                        if (n_rows <= 5 && ni < 2) {
+                            cpu_matmul_q_ref(type, w, wrow, &act, 0, n_rows, y0, n_out, 0, n_out);
+                            cpu_matmul_kq_x16_ref(type, p, tp.nb[1], &act, 0, n_rows, y1, n_out, 0, n_out);
+                            kx_cmp(t, y1, y0, n_out * n_rows, n_out, "packed ref vs plain ref", type, n_in);
+                        }
+                        free(p);
+                    }
+                    free(mem); free(y1); free(y0); free(x); free(w);
+                }
+            }
+        }
+    }
+}
+
+/* Output ranges from any group start, any row range: the full call's bits, nothing outside. */
+TEST(gemm_kq_x16_batch_invariant) {
+    cpu_kernels k;
+    if (!kx_avx512(&k)) {
+        test_skip(t, "no AVX-512 VNNI");
+        return;
+    }
+    rng r = {99};
+    for (int ti = 0; ti < 2; ti++) {
+        const uint32_t type = k_kt[ti];
+        const int64_t n_in = 768, n_out = 53, n_rows = 70;
+        void *w = make_kq_weight(&r, type, n_in, n_out, false);
+        float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
+        float *y = malloc((size_t)(n_out * n_rows) * sizeof(float));
+        float *y2 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+        REQUIRE(w && x && y && y2);
+        fill_f32(&r, x, n_in * n_rows, 1.0f);
+        tensor tp;
+        uint8_t *p = kx_pack(&k, type, w, n_in, n_out, &tp);
+        cpu_act act;
+        void *mem;
+        kx_act(&k, type, &act, &mem, x, n_in, n_rows);
+        k.matmul_packed[type](p, tp.nb[1], &act, 0, n_rows, y, n_out, 0, n_out);
+        int bad = 0;
+        for (int64_t len = 1; len <= 12 && !bad; len++) {
+            const int64_t a = (len * 5) % (n_rows - len), nr = len == 12 ? n_rows - a : len;
+            const int64_t c = 16 * (len % 4), dd = len % 3 ? n_out - len % 7 : (c + 16 < n_out ? c + 16 : n_out);
+            memset(y2, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
+            k.matmul_packed[type](p, tp.nb[1], &act, a, nr, y2, n_out, c, dd);
+            for (int64_t i = 0; i < n_out * n_rows && !bad; i++) {
+                const int64_t row = i / n_out, o = i % n_out;
+                const bool inside = row >= a && row < a + nr && o >= c && o < dd;
+                uint32_t u;
+                memcpy(&u, &y2[i], 4);
+                if ((!inside && u != 0xffffffffu) || (inside && memcmp(&y2[i], &y[i], 4) != 0)) {
+                    test_fail(t, __FILE__, __LINE__, "%s rows [%lld, %lld) outputs [%lld, %lld): row %lld out %lld %s",
+                              quant_type_get(type)->name, (long long)a, (long long)(a + nr), (long long)c, (long long)dd,
+                              (long long)row, (long long)o, inside ? "differs from the full call" : "written");
+                    bad = 1;
+                }
+            }
+        }
+        free(mem); free(p); free(y2); free(y); free(x); free(w);
+    }
+}
+
+TEST(gemm_kq_x16_ops_and_validation) {
+    if (!level_available(2)) {
+        test_skip(t, "no AVX-512 VNNI");
+        return;
+    }
+    rng r = {5};
+    const int64_t n_in = 1024, n_out = 203, n_rows = 21;
+    float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
+    float *y0 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+    float *y1 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+    REQUIRE(x && y0 && y1);
+    fill_f32(&r, x, n_in * n_rows, 1.0f);
+    backend *be = make_backend(2, 2, false);
+    REQUIRE(be != NULL);
+    for (int ti = 0; ti < 2; ti++) {
+        const uint32_t type = k_kt[ti];
+        void *w = make_kq_weight(&r, type, n_in, n_out, false);
+        REQUIRE(w != NULL);
+        tensor tw = tensor_2d(type, w, n_in, n_out);
+        const size_t sz = backend_weight_pack_size(be, &tw);
+        REQUIRE(sz > 0);
+        uint8_t *p = aligned_alloc(64, sz);
+        REQUIRE(p != NULL);
+        const tensor tp = backend_weight_pack(be, &tw, p);
+        for (int64_t rows = 1; rows <= n_rows; rows += 20) { /* a decode row and a batch */
+            backend_op op;
+            memset(&op, 0, sizeof(op));
+            op.kind = BACKEND_OP_MATMUL;
+            op.src[1] = tensor_2d(QUANT_TYPE_F32, x, n_in, rows);
+            op.dst = tensor_2d(QUANT_TYPE_F32, y0, n_out, rows);
+            op.src[0] = tw;
+            run_op(be, &op);
+            op.dst = tensor_2d(QUANT_TYPE_F32, y1, n_out, rows);
+            op.src[0] = tp;
+            run_op(be, &op);
+            kx_cmp(t, y1, y0, n_out * rows, n_out, "op_matmul packed vs plain", type, n_in);
+            int32_t am0[21], am1[21];
+            op.kind = BACKEND_OP_MATMUL_ARGMAX;
+            op.f[0] = 1.0f;
+            op.dst = tensor_1d(QUANT_TYPE_I32, am0, rows);
+            op.src[0] = tw;
+            run_op(be, &op);
+            op.dst = tensor_1d(QUANT_TYPE_I32, am1, rows);
+            op.src[0] = tp;
+            run_op(be, &op);
+            CHECK_MSG(memcmp(am0, am1, sizeof(int32_t) * (size_t)rows) == 0, "%s: op_matmul_argmax packed vs plain",
+                      quant_type_get(type)->name);
+        }
+        dfl_error err = {0};
+        backend_op m;
+        memset(&m, 0, sizeof(m));
+        m.kind = BACKEND_OP_MATMUL;
+        m.src[1] = tensor_2d(QUANT_TYPE_F32, x, n_in, n_rows);
+        m.dst = tensor_2d(QUANT_TYPE_F32, y1, n_out, n_rows);
+        m.src[0] = tp;
+        CHECK(backend_op_validate(be, &m, &err) == DFL_OK);
+        m.src[0].nb[1] += 16;
+        error_clear(&err);
+        CHECK(backend_op_validate(be, &m, &err) == DFL_ERR_INVALID);
+        m.src[0] = tp;
+        m.src[0].type = QUANT_TYPE_Q8_0;
+        error_clear(&err);
+        CHECK(backend_op_validate(be, &m, &err) == DFL_ERR_INVALID);
+        CHECK_STR_CONTAINS(err.msg, "neither q4_K nor q6_K");
+        free(p);
+        free(w);
+    }
+    backend_free(be);
+    free(y1); free(y0); free(x);
+}
+
+TEST(gemm_kq_x16_model_same_logits) {
+    if (!level_available(2)) {
+        test_skip(t, "no AVX-512 VNNI");
+        return;
+    }
+    char f16[512], q4[512], cmd[2048], out[4096];
+    if (!tu_make_models(t, "m", "--n-embd 512 --n-layer 2 --n-head 4 --n-head-kv 2 --head-dim 128 --n-ff 1536 "
+                        "--n-vocab 700 --type f16", f16, NULL, sizeof(f16))) {
+        return;
+    }
+    test_path(t, "q4km.gguf", q4, sizeof(q4));
+    snprintf(cmd, sizeof(cmd), "%s quantize %s %s Q4_K_M 2>&1", test_cli_path(), f16, q4);
+    const int rc = test_run(cmd, out, sizeof(out));
+    REQUIRE(rc == 0);
+    dfl_error err = {0};
+    dfl_model *m = dfl_model_load(q4, NULL, &err);
+    REQUIRE(m != NULL);
+    const int32_t prompt[7] = {9, 400, 12, 699, 3, 3, 250};
+    float *lg[2];
+    int32_t gen[2][10];
+    for (int k = 0; k < 2; k++) {
+        dfl_context_params cp = dfl_context_default_params();
+        cp.n_ctx = 64;
+        cp.n_batch = cp.n_ubatch = cp.n_outputs = 8;
+        cp.n_threads = cp.n_threads_batch = 2;
+        cp.no_weight_pack = k == 1;
+        dfl_context *c = dfl_context_new(m, &cp, &err);
+        REQUIRE(c != NULL);
+        if (k == 0) { /* Q4_K_M: q4_K and q6_K projections, all packed */
+            int n_packed = 0;
+            for (int il = 0; il < 2; il++) {
+                const ctx_layer_w *L = &c->w.layers[il];
+                const tensor *ts[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+                for (int i = 0; i < 7; i++) {
+                    CHECK(ts[i]->type != QUANT_TYPE_Q4_K || ts[i]->layout == TENSOR_LAYOUT_KQ_X16);
+                    CHECK(ts[i]->type != QUANT_TYPE_Q6_K || ts[i]->layout == TENSOR_LAYOUT_KQ_X16);
+                    n_packed += ts[i]->layout == TENSOR_LAYOUT_KQ_X16;
+                }
+            }
+            CHECK(n_packed >= 10);
+        }
+        lg[k] = malloc(sizeof(float) * 7 * (size_t)dfl_n_vocab(c));
+        REQUIRE(lg[k] != NULL);
+        CHECK(tu_decode(c, 0, prompt, 7, lg[k], &err) == DFL_OK);
+        CHECK(dfl_seq_remove(c, 0, 0, &err) == DFL_OK);
+        CHECK(tu_greedy(c, 0, prompt, 7, 10, gen[k], &err) == DFL_OK);
+        dfl_context_free(c);
+    }
+    CHECK_MSG(memcmp(lg[0], lg[1], sizeof(float) * 7 * 700) == 0, "logits differ with the packed weights");
+    CHECK_MSG(memcmp(gen[0], gen[1], sizeof(gen[0])) == 0, "greedy tokens differ with the packed weights");
+    free(lg[0]);
+    free(lg[1]);
+    dfl_model_free(m);
+}

@@ -60,6 +60,14 @@ dfl_status fmap_open(fmap *map, const char *path, dfl_error *err) {
     return DFL_OK;
 }
 
+void fmap_release(const void *p, size_t n) {
+    const long page = sysconf(_SC_PAGESIZE);
+    if (p == NULL || page <= 0) return;
+    const uintptr_t lo = ((uintptr_t)p + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    const uintptr_t hi = ((uintptr_t)p + n) & ~((uintptr_t)page - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: failure changes nothing */
+}
+
 void fmap_close(fmap *map) {
     if (map->data != NULL) {
         munmap((void *)map->data, map->size);

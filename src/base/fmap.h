@@ -16,5 +16,9 @@ typedef struct fmap {
  * once, without blocking or reading). */
 dfl_status fmap_open(fmap *map, const char *path, dfl_error *err);
 void fmap_close(fmap *map);
+/* Drops this process's pages of the whole pages inside [p, p + n) of a read-only mapping (the
+ * memory stays valid: a later read faults them in again from the file). For data that has been
+ * copied elsewhere (packed weights), so that it is not resident twice. */
+void fmap_release(const void *p, size_t n);
 
 #endif

@@ -8,6 +8,7 @@
  * time. */
 #include "model/weights_pack.h"
 #include "base/error.h"
+#include "base/fmap.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,13 @@ static dfl_status pack_create(const dfl_model *m, backend *be, ctx_weights *w, m
         off += align64(sz);
     }
     c->n_slots = n;
+    /* the mapping's copies of the packed weights are not read again (a tied head's rows are: the
+     * token embedding); drop their pages so that the model is not resident twice */
+    for (int64_t s = 0; s < n; s++) {
+        const tensor *t = pack_slot(w, s);
+        if (c->packed[s].layout == TENSOR_LAYOUT_PLAIN || t->data == w->token_embd.data) continue;
+        fmap_release(t->data, t->nb[1] * (size_t)t->ne[1]);
+    }
     return DFL_OK;
 }
 

@@ -1,7 +1,8 @@
 /* test_gemm_kq_x16.c: Q4_K / Q6_K weights packed for the AVX-512 kernels (TENSOR_LAYOUT_KQ_X16,
  * cpu_pack.c): 16 rows per group, one record per super-block with row i in 32-bit lane i.
  * - the layout: every record field at its offset (d, dmin, the unpacked 6-bit / int8 scales, the
- *   quant dwords), the last group padded with the last row; which levels pack (AVX-512 only);
+ *   Q4_K quant dwords, the Q6_K values as bytes), the last group padded with the last row; which
+ *   levels pack (AVX-512 only);
  * - the packed kernels give the bits of the plain kernels on awkward shapes (n_in 256 .. 2816,
  *   outputs 1 .. 37, rows 1 .. 130), random and extreme blocks; the packed reference gives the
  *   bits of the plain reference (also at levels that do not pack);
@@ -82,8 +83,9 @@ TEST(gemm_kq_x16_layout) {
                     const block_q6_K *b = (const block_q6_K *)w + src * nsb + sb;
                     bad |= memcmp(R + 2 * i, &b->d, 2) != 0 || R[32 + i] != 0;
                     for (int j = 0; j < 16; j++) bad |= (int8_t)R[CPU_KQ_X16_Q6K_SC + 16 * j + i] != b->scales[j];
-                    for (int q = 0; q < 32; q++) bad |= memcmp(R + CPU_KQ_X16_QS + 64 * q + 4 * i, b->ql + 4 * q, 4) != 0;
-                    for (int q = 0; q < 16; q++) bad |= memcmp(R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, b->qh + 4 * q, 4) != 0;
+                    for (int e = 0; e < QK_K; e++) {
+                        bad |= R[CPU_KQ_X16_Q6K_W + 64 * (e / 4) + 4 * i + e % 4] != cpu_q6_K_value(b, e) + 32;
+                    }
                 }
                 CHECK_MSG(!bad, "%s: packed row %lld super-block %lld differs from its block",
                           quant_type_get(type)->name, (long long)o, (long long)sb);

@@ -33,6 +33,7 @@
 /* One super-block of a group of 16 weight rows; lane i = weight row i of the group. */
 typedef struct kq_dec {
     __m512i w[64];  /* w[v]: values 4v .. 4v+3 (unsigned bytes: Q4_K 0..15, Q6_K 0..63) */
+    const __m512i *wp; /* the w the rows read: w, or the same vectors in a packed Q6_K record */
     __m512i sc[16]; /* sub-block scales as int32: Q4_K 0..7 (6-bit), Q6_K 0..15 (int8) */
     __m512i mp[8];  /* int16 pairs against sums-of-16 pairs: Q4_K (m_j, m_j); Q6_K -32 (sc_2p, sc_2p+1) */
     __m512 d, dmin; /* f16 d (and Q4_K dmin) as f32 */
@@ -108,6 +109,7 @@ T512 INL __m512i byte_of(__m512i v, int b) { return _mm512_and_si512(_mm512_srli
 /* Super-block sb of the rows p[i] (Q4_K). */
 T512 INL void q4K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
     const size_t base = (size_t)sb * sizeof(block_q4_K);
+    D->wp = D->w;
     __m512i h[4];
     heads16(p, base, h); /* h[0] = d | dmin << 16, h[1..3] = scales */
     D->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0]));
@@ -145,6 +147,7 @@ T512 INL void q4K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
 /* Super-block sb of the rows p[i] (Q6_K). */
 T512 INL void q6K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
     const size_t base = (size_t)sb * sizeof(block_q6_K);
+    D->wp = D->w;
     uint16_t dh[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++) memcpy(&dh[i], p[i] + base + offsetof(block_q6_K, d), 2);
@@ -193,6 +196,7 @@ T512 INL void q6K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
 /* The same decodes from a KQ_X16 record (cpu_pack.c), whose lanes are already row by row: loads,
  * byte widening and nibble masks only, the same D. */
 T512 INL void q4K_decode_x16(const uint8_t *R, kq_dec *D) {
+    D->wp = D->w;
     const __m512i h0 = _mm512_load_si512(R);
     D->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0));
     D->dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h0, 16)));
@@ -226,28 +230,7 @@ T512 INL void q6K_decode_x16(const uint8_t *R, kq_dec *D) {
         const __m512i na = _mm512_sub_epi32(_mm512_setzero_si512(), a), nb = _mm512_sub_epi32(_mm512_setzero_si512(), b);
         D->mp[q] = _mm512_or_si512(_mm512_and_si512(na, lo16), _mm512_slli_epi32(nb, 16));
     }
-    const uint8_t *ql = R + CPU_KQ_X16_QS, *qh = R + CPU_KQ_X16_Q6K_QH;
-    const __m512i low = _mm512_set1_epi8(0x0f), hmask = _mm512_set1_epi8(0x30);
-#pragma GCC unroll 2
-    for (int n = 0; n < 2; n++) {
-#pragma GCC unroll 4
-        for (int s = 0; s < 4; s++) {
-#pragma GCC unroll 8
-            for (int ll = 0; ll < 8; ll++) { /* as q6K_decode */
-                const __m512i l4 = _mm512_load_si512(ql + 64 * (16 * n + 8 * (s & 1) + ll));
-                const __m512i lo4 = s >= 2 ? _mm512_and_si512(_mm512_srli_epi16(l4, 4), low) : _mm512_and_si512(l4, low);
-                const __m512i hv = _mm512_load_si512(qh + 64 * (8 * n + ll));
-                __m512i h2;
-                switch (s) {
-                case 0: h2 = _mm512_slli_epi16(hv, 4); break;
-                case 1: h2 = _mm512_slli_epi16(hv, 2); break;
-                case 2: h2 = hv; break;
-                default: h2 = _mm512_srli_epi16(hv, 2); break;
-                }
-                D->w[32 * n + 8 * s + ll] = _mm512_or_si512(lo4, _mm512_and_si512(h2, hmask));
-            }
-        }
-    }
+    D->wp = (const __m512i *)(R + CPU_KQ_X16_Q6K_W); /* the 64 value vectors, as q6K_decode builds them */
 }
 
 /* ---- the row tiles ---------------------------------------------------------------------------- */
@@ -278,7 +261,7 @@ T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t
         const int8_t *xj = x0 + 4 * per * j;
 #pragma GCC unroll 8
         for (int k = 0; k < per; k++) {
-            __m512i wv = D->w[per * j + k];
+            __m512i wv = D->wp[per * j + k];
             __asm__("" : "+v"(wv)); /* one load, NT uses */
 #pragma GCC unroll 8
             for (int r = 0; r < NT; r++) dot[r] = _mm512_dpbusd_epi32(dot[r], wv, bcast32(xj + r * act->n_in + 4 * k));
@@ -317,7 +300,7 @@ T512 INL void mm_kq_512(const void *w, size_t w_nb1, const int Q6, const int X16
                         int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1) {
     const int64_t nsb = act->n_in / QK_K;
     const size_t bsz = Q6 ? sizeof(block_q6_K) : sizeof(block_q4_K);
-    const size_t rec = Q6 ? 3392 : 2368; /* tensor_kq_x16_record_bytes */
+    const size_t rec = Q6 ? 4416 : 2368; /* tensor_kq_x16_record_bytes */
     kq_dec D;
     float acc[KQ_RCHUNK * 16] __attribute__((aligned(64)));
     for (int64_t o = o0; o < o1; o += KQ_W) {

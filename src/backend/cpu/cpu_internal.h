@@ -155,16 +155,19 @@ tensor cpu_weight_pack(const cpu_kernels *k, const tensor *w, void *dst);
 /* KQ_X16 record offsets (lane i = row i of the group; tensor_kq_x16_record_bytes in all):
  * Q4_K: [0, 64) d | dmin << 16 per lane; SC + 16 j + i, M + 16 j + i: sub-block j's 6-bit scale and
  * min (j < 8); QS + 64 q + 4 i: qs dword q (q < 32).
- * Q6_K: [0, 32) d (f16) per lane; SC + 16 j + i: scale j (int8, j < 16); QS + 64 q + 4 i: ql dword q
- * (q < 32); QH + 64 q + 4 i: qh dword q (q < 16). */
+ * Q6_K: [0, 32) d (f16) per lane; SC + 16 j + i: scale j (int8, j < 16); W + 64 v + 4 i + e: value
+ * 4 v + e as an unsigned byte (q + 32, 0..63; v < 64): the 6 bits assembled at packing time (a third
+ * more bytes than ql + qh, and no bit assembly per matmul). */
 #define CPU_KQ_X16_Q4K_SC 64
 #define CPU_KQ_X16_Q4K_M 192
 #define CPU_KQ_X16_Q6K_SC 64
 #define CPU_KQ_X16_QS 320
-#define CPU_KQ_X16_Q6K_QH 2368
+#define CPU_KQ_X16_Q6K_W 320
 /* Q4_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes (ggml's
  * get_scale_min_k4). */
 void cpu_q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m);
+/* Q6_K: the signed 6-bit value (-32..31) of element e (0..255) of a block. */
+int cpu_q6_K_value(const block_q6_K *b, int e);
 /* The AVX-512 KQ_X16 kernels (cpu_gemm_kquant_avx512.c); o0 a multiple of 16. */
 void cpu_mm_q4_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                             int64_t ds, int64_t o0, int64_t o1);

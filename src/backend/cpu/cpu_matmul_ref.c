@@ -20,7 +20,7 @@ void cpu_q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m) {
 }
 
 /* Q6_K: the signed 6-bit value (-32..31) of element e (0..255). */
-static int q6_K_value(const block_q6_K *b, int e) {
+int cpu_q6_K_value(const block_q6_K *b, int e) {
     const int n = e / 128, k = (e % 128) / 32, l = e % 32;
     const uint8_t ql = b->ql[64 * n + l + (k & 1) * 32];
     const int lo = k >= 2 ? ql >> 4 : ql & 0xF;
@@ -50,17 +50,18 @@ static double dot_q4_K_sb(uint16_t d, uint16_t dmin, const int sc[8], const int 
     return (double)fp16_to_fp32(d) * (double)dx * (double)isc - (double)fp16_to_fp32(dmin) * (double)dx * (double)imin;
 }
 
-/* Super-block b of a Q6_K row against activation row r, in f64. */
-static double dot_q6_K_sb(const block_q6_K *blk, const cpu_act *act, int64_t r, int64_t b) {
+/* Super-block b of a Q6_K row (its f16 d, int8 scales and signed 6-bit values) against activation
+ * row r, in f64. */
+static double dot_q6_K_sb(uint16_t d, const int8_t *scales, const int8_t *vals, const cpu_act *act, int64_t r, int64_t b) {
     const int64_t n = act->n_in;
     const int8_t *q = act->qs + r * n + b * QK_K;
     int64_t isum = 0;
     for (int j = 0; j < 16; j++) {
         int32_t dot = 0;
-        for (int l = 0; l < 16; l++) dot += q6_K_value(blk, 16 * j + l) * q[16 * j + l];
-        isum += (int64_t)blk->scales[j] * dot;
+        for (int l = 0; l < 16; l++) dot += vals[16 * j + l] * q[16 * j + l];
+        isum += (int64_t)scales[j] * dot;
     }
-    return (double)fp16_to_fp32(blk->d) * (double)act->d[r * (n / QK_K) + b] * (double)isum;
+    return (double)fp16_to_fp32(d) * (double)act->d[r * (n / QK_K) + b] * (double)isum;
 }
 
 /* One weight row o against activation row r, in f64. */
@@ -118,7 +119,12 @@ static double dot_row(uint32_t wtype, const void *wrow, const cpu_act *act, int6
         return sum;
     }
     case QUANT_TYPE_Q6_K: {
-        for (int64_t b = 0; b < n / QK_K; b++) sum += dot_q6_K_sb((const block_q6_K *)wrow + b, act, r, b);
+        for (int64_t b = 0; b < n / QK_K; b++) {
+            const block_q6_K *blk = (const block_q6_K *)wrow + b;
+            int8_t vals[QK_K];
+            for (int e = 0; e < QK_K; e++) vals[e] = (int8_t)cpu_q6_K_value(blk, e);
+            sum += dot_q6_K_sb(blk->d, blk->scales, vals, act, r, b);
+        }
         return sum;
     }
     default:
@@ -189,12 +195,12 @@ void cpu_matmul_kq_x16_ref(uint32_t wtype, const void *w, size_t w_nb1, const cp
                     for (int q = 0; q < QK_K / 8; q++) memcpy(qs + 4 * q, R + CPU_KQ_X16_QS + 64 * q + 4 * i, 4);
                     sum += dot_q4_K_sb(d, dmin, sc, m, qs, act, r, b);
                 } else {
-                    block_q6_K blk;
-                    memcpy(&blk.d, R + 2 * i, 2);
-                    for (int j = 0; j < 16; j++) blk.scales[j] = (int8_t)R[CPU_KQ_X16_Q6K_SC + 16 * j + i];
-                    for (int q = 0; q < QK_K / 8; q++) memcpy(blk.ql + 4 * q, R + CPU_KQ_X16_QS + 64 * q + 4 * i, 4);
-                    for (int q = 0; q < QK_K / 16; q++) memcpy(blk.qh + 4 * q, R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, 4);
-                    sum += dot_q6_K_sb(&blk, act, r, b);
+                    uint16_t d;
+                    int8_t scales[16], vals[QK_K];
+                    memcpy(&d, R + 2 * i, 2);
+                    for (int j = 0; j < 16; j++) scales[j] = (int8_t)R[CPU_KQ_X16_Q6K_SC + 16 * j + i];
+                    for (int e = 0; e < QK_K; e++) vals[e] = (int8_t)(R[CPU_KQ_X16_Q6K_W + 64 * (e / 4) + 4 * i + e % 4] - 32);
+                    sum += dot_q6_K_sb(d, scales, vals, act, r, b);
                 }
             }
             dst[r * ds + o] = (float)sum;

@@ -270,3 +270,10 @@ void *make_kq_weight(rng *r, uint32_t type, int64_t n_in, int64_t n_out, bool ex
     }
     return w;
 }
+
+int64_t first_bit_diff(const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0) return i;
+    }
+    return -1;
+}

@@ -37,6 +37,9 @@ void run_op(backend *be, const backend_op *op);
 bool close_enough(test_ctx *t, const char *what, const float *a, const float *b, int64_t n, double tol_abs,
                   double tol_rel);
 
+/* The first i < n where a[i] and b[i] differ in any bit, or -1 (bit-exact comparisons). */
+int64_t first_bit_diff(const float *a, const float *b, int64_t n);
+
 /* Random content for a [n_in, n_out] weight of `type` at w (every block field random, scales sane). */
 void fill_weight(rng *r, uint32_t type, uint8_t *w, int64_t n_in, int64_t n_out);
 /* The same in a new malloc'd array (free() it). */

@@ -118,15 +118,12 @@ static void kx_act(const cpu_kernels *ks, uint32_t type, cpu_act *act, void **me
 
 static int kx_cmp(test_ctx *t, const float *a, const float *b, int64_t n, int64_t n_out, const char *what,
                   uint32_t type, int64_t n_in) {
-    for (int64_t i = 0; i < n; i++) {
-        if (memcmp(&a[i], &b[i], 4) != 0) {
-            test_fail(t, __FILE__, __LINE__, "%s %s n_in %lld n_out %lld: out %lld row %lld: %.9g vs %.9g", what,
-                      quant_type_get(type)->name, (long long)n_in, (long long)n_out, (long long)(i % n_out),
-                      (long long)(i / n_out), a[i], b[i]);
-            return 1;
-        }
-    }
-    return 0;
+    const int64_t i = first_bit_diff(a, b, n);
+    if (i < 0) return 0;
+    test_fail(t, __FILE__, __LINE__, "%s %s n_in %lld n_out %lld: out %lld row %lld: %.9g vs %.9g", what,
+              quant_type_get(type)->name, (long long)n_in, (long long)n_out, (long long)(i % n_out),
+              (long long)(i / n_out), a[i], b[i]);
+    return 1;
 }
 
 TEST(gemm_kq_x16_same_bits_as_plain) {

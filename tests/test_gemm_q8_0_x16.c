@@ -130,15 +130,12 @@ static void x16_act(const cpu_kernels *ks, cpu_act *act, void **mem, const float
 
 static int x16_cmp(test_ctx *t, const float *a, const float *b, int64_t n_out, int64_t n_rows, const char *what,
                    int level, int64_t n_in) {
-    for (int64_t i = 0; i < n_out * n_rows; i++) {
-        if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-            test_fail(t, __FILE__, __LINE__, "%s %s [%lld -> %lld] x %lld rows: out %lld row %lld: %.9g vs %.9g", what,
-                      k_level_names[level], (long long)n_in, (long long)n_out, (long long)n_rows, (long long)(i % n_out),
-                      (long long)(i / n_out), a[i], b[i]);
-            return 1;
-        }
-    }
-    return 0;
+    const int64_t i = first_bit_diff(a, b, n_out * n_rows);
+    if (i < 0) return 0;
+    test_fail(t, __FILE__, __LINE__, "%s %s [%lld -> %lld] x %lld rows: out %lld row %lld: %.9g vs %.9g", what,
+              k_level_names[level], (long long)n_in, (long long)n_out, (long long)n_rows, (long long)(i % n_out),
+              (long long)(i / n_out), a[i], b[i]);
+    return 1;
 }
 
 TEST(gemm_q8_0_x16_same_bits_as_plain) {

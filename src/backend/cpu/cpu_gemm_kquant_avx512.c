@@ -144,6 +144,17 @@ T512 INL void q4K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
     }
 }
 
+/* Q6_K's -32 offset as int16 pairs (-32 sc_2q, -32 sc_2q+1) against the Q8_K sums of 16. */
+T512 INL void q6K_offsets(kq_dec *D) {
+    const __m512i lo16 = _mm512_set1_epi32(0xffff);
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; q++) {
+        const __m512i a = _mm512_slli_epi32(D->sc[2 * q], 5), b = _mm512_slli_epi32(D->sc[2 * q + 1], 5);
+        const __m512i na = _mm512_sub_epi32(_mm512_setzero_si512(), a), nb = _mm512_sub_epi32(_mm512_setzero_si512(), b);
+        D->mp[q] = _mm512_or_si512(_mm512_and_si512(na, lo16), _mm512_slli_epi32(nb, 16));
+    }
+}
+
 /* Super-block sb of the rows p[i] (Q6_K). */
 T512 INL void q6K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
     const size_t base = (size_t)sb * sizeof(block_q6_K);
@@ -157,13 +168,7 @@ T512 INL void q6K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
     heads16(p, base + offsetof(block_q6_K, scales), h);
 #pragma GCC unroll 16
     for (int j = 0; j < 16; j++) D->sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(h[j / 4], 24 - 8 * (j % 4)), 24);
-    const __m512i lo16 = _mm512_set1_epi32(0xffff);
-#pragma GCC unroll 8
-    for (int q = 0; q < 8; q++) {
-        const __m512i a = _mm512_slli_epi32(D->sc[2 * q], 5), b = _mm512_slli_epi32(D->sc[2 * q + 1], 5);
-        const __m512i na = _mm512_sub_epi32(_mm512_setzero_si512(), a), nb = _mm512_sub_epi32(_mm512_setzero_si512(), b);
-        D->mp[q] = _mm512_or_si512(_mm512_and_si512(na, lo16), _mm512_slli_epi32(nb, 16));
-    }
+    q6K_offsets(D);
     __m512i ql[32], qh[16];
     load_t16(p, base + offsetof(block_q6_K, ql), ql);
     load_t16(p, base + offsetof(block_q6_K, ql) + 64, ql + 16);
@@ -223,13 +228,7 @@ T512 INL void q6K_decode_x16(const uint8_t *R, kq_dec *D) {
     for (int j = 0; j < 16; j++) {
         D->sc[j] = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * j)));
     }
-    const __m512i lo16 = _mm512_set1_epi32(0xffff);
-#pragma GCC unroll 8
-    for (int q = 0; q < 8; q++) {
-        const __m512i a = _mm512_slli_epi32(D->sc[2 * q], 5), b = _mm512_slli_epi32(D->sc[2 * q + 1], 5);
-        const __m512i na = _mm512_sub_epi32(_mm512_setzero_si512(), a), nb = _mm512_sub_epi32(_mm512_setzero_si512(), b);
-        D->mp[q] = _mm512_or_si512(_mm512_and_si512(na, lo16), _mm512_slli_epi32(nb, 16));
-    }
+    q6K_offsets(D);
     D->wp = (const __m512i *)(R + CPU_KQ_X16_Q6K_W); /* the 64 value vectors, as q6K_decode builds them */
 }
 

@@ -213,8 +213,11 @@ T2 INL void q80_half(const void *wrow, const int Q4, int64_t b0, int nv, __m256i
     *dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dd));
 }
 
-T2 INL void q80_tile2(const void *wrow, const int Q4, const cpu_act *act, int64_t r0, const int NT, float *dst,
-                      int64_t ds, int64_t o) {
+/* X16: wrow is a Q8_0 row packed as TENSOR_LAYOUT_Q8_0_X16 (cpu_pack.c): half h of a group is
+ * the 32-byte slice h of each of its eight 64-byte vectors, already in lane order (q + 128), so
+ * q80_half's transpose becomes 8 loads and an xor; the rest is the same (the same bits). */
+T2 INL void q80_tile2(const void *wrow, const int Q4, const int X16, const cpu_act *act, int64_t r0, const int NT,
+                      float *dst, int64_t ds, int64_t o) {
     const int64_t nb = act->n_in / QK8_0, nbp = act->row_len / QK8_0;
     const int64_t ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
     __m256 acc[8];
@@ -229,7 +232,16 @@ T2 INL void q80_tile2(const void *wrow, const int Q4, const cpu_act *act, int64_
             if (rem <= 0) break; /* padding blocks contribute 0 */
             __m256i w[8], aw[8];
             __m256 dw;
-            q80_half(wrow, Q4, b0, rem >= 8 ? 8 : (int)rem, w, &dw);
+            if (X16) {
+                const uint8_t *gh = (const uint8_t *)wrow + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    w[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(gh + 64 * k)), _mm256_set1_epi8((char)0x80));
+                }
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint8_t *)wrow + act->n_in + 2 * b0)));
+            } else {
+                q80_half(wrow, Q4, b0, rem >= 8 ? 8 : (int)rem, w, &dw);
+            }
             if (!Q4) {
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) aw[k] = _mm256_sign_epi8(w[k], w[k]);
@@ -277,7 +289,7 @@ T2 static void mm_q8_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
         const void *wrow = (const char *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
             const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile2(wrow, 0, act, rt, N, dst, ds, o)
+#define CALL(N) q80_tile2(wrow, 0, 0, act, rt, N, dst, ds, o)
             TILE_SWITCH8(nt, CALL)
 #undef CALL
         }
@@ -290,52 +302,11 @@ T2 static void mm_q4_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
         const void *wrow = (const char *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
             const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile2(wrow, 1, act, rt, N, dst, ds, o)
+#define CALL(N) q80_tile2(wrow, 1, 0, act, rt, N, dst, ds, o)
             TILE_SWITCH8(nt, CALL)
 #undef CALL
         }
     }
-}
-
-/* Q8_0 weights packed as TENSOR_LAYOUT_Q8_0_X16 (cpu_pack.c): half h of a group is the 32-byte
- * slice h of each of its eight 64-byte vectors, already in lane order (unsigned: q + 128), so
- * q80_half's transpose becomes 8 loads and an xor; then exactly q80_tile2's Q8_0 operations
- * (the same bits as the plain rows). */
-T2 INL void q8x_tile2(const uint8_t *wrow, const cpu_act *act, int64_t r0, const int NT, float *dst, int64_t ds,
-                      int64_t o) {
-    const int64_t nbp = act->row_len / QK8_0, ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1), off = _mm256_set1_epi8((char)0x80);
-    for (int64_t g = 0; g < ng; g++) {
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const int64_t b0 = g * CPU_Q8_0_GROUP + 8 * h;
-            __m256i w[8], aw[8];
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                w[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wrow + g * CPU_Q8_0_GROUP_VALUES + 64 * k + 32 * h)), off);
-                aw[k] = _mm256_sign_epi8(w[k], w[k]);
-            }
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wrow + act->n_in + 2 * b0)));
-#pragma GCC unroll 8
-            for (int r = 0; r < NT; r++) {
-                const int8_t *xq = act->qs + (r0 + r) * act->row_len + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
-                __m256i isum = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) {
-                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 64 * k));
-                    const __m256i p = _mm256_maddubs_epi16(aw[k], _mm256_sign_epi8(x, w[k]));
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
-                }
-                const __m256 dx = _mm256_loadu_ps(act->d + (r0 + r) * nbp + b0);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[r]);
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
 }
 
 T2 void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
@@ -344,7 +315,7 @@ T2 void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, in
         const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
             const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q8x_tile2(wrow, act, rt, N, dst, ds, o)
+#define CALL(N) q80_tile2(wrow, 0, 1, act, rt, N, dst, ds, o)
             TILE_SWITCH8(nt, CALL)
 #undef CALL
         }

@@ -365,6 +365,27 @@ TEST(gemm_q8_0_x16_model_same_logits) {
         dfl_context_free(c);
     }
     CHECK_MSG(memcmp(lg[0], lg[1], sizeof(float) * 9 * 700) == 0, "logits differ with the packed weights");
+    /* more backends than the model has pack slots: the extra context reads the weights as stored */
+    {
+        dfl_context *cs[MODEL_MAX_DEVICE_COPIES + 1];
+        dfl_context_params cp = dfl_context_default_params();
+        cp.n_ctx = 64;
+        cp.n_batch = cp.n_ubatch = cp.n_outputs = 16;
+        cp.n_threads = cp.n_threads_batch = 1;
+        float *l2 = malloc(sizeof(float) * 9 * 700);
+        REQUIRE(l2 != NULL);
+        for (int i = 0; i <= MODEL_MAX_DEVICE_COPIES; i++) {
+            cs[i] = dfl_context_new(m, &cp, &err);
+            REQUIRE(cs[i] != NULL);
+            CHECK_EQ_INT(cs[i]->weights_packed, i < MODEL_MAX_DEVICE_COPIES);
+        }
+        CHECK(tu_decode(cs[MODEL_MAX_DEVICE_COPIES], 0, prompt, 9, l2, &err) == DFL_OK);
+        CHECK_MSG(memcmp(l2, lg[1], sizeof(float) * 9 * 700) == 0, "logits of the unpacked extra context differ");
+        CHECK(tu_decode(cs[0], 0, prompt, 9, l2, &err) == DFL_OK);
+        CHECK_MSG(memcmp(l2, lg[0], sizeof(float) * 9 * 700) == 0, "logits of a packed context on 1 thread differ");
+        for (int i = MODEL_MAX_DEVICE_COPIES; i >= 0; i--) dfl_context_free(cs[i]);
+        free(l2);
+    }
     CHECK_MSG(memcmp(gen[0], gen[1], sizeof(gen[0])) == 0, "greedy tokens differ with the packed weights");
     CHECK_EQ_INT(m->pack[0].refs, 0); /* released with the last context */
     CHECK(m->pack[0].be == NULL);

@@ -77,27 +77,29 @@ static dfl_status pack_create(const dfl_model *m, backend *be, ctx_weights *w, m
     return DFL_OK;
 }
 
-dfl_status weights_pack_acquire(dfl_model *m, backend *be, ctx_weights *w, bool *used, dfl_error *err) {
-    *used = false;
+bool weights_pack_acquire(dfl_model *m, backend *be, ctx_weights *w) {
     model_pack_copy *c = NULL, *free_slot = NULL;
     for (int i = 0; i < MODEL_MAX_DEVICE_COPIES; i++) {
         if (m->pack[i].be == be) c = &m->pack[i];
         if (m->pack[i].be == NULL && free_slot == NULL) free_slot = &m->pack[i];
     }
     if (c == NULL) {
-        if (free_slot == NULL) {
-            return error_set(err, DFL_ERR_UNSUPPORTED, "%s: the weights are already packed for %d backends (the limit)",
-                             m->path, MODEL_MAX_DEVICE_COPIES);
+        /* packing only speeds things up: with every slot taken, or no memory for the copy, the
+         * context reads the weights as stored */
+        if (free_slot == NULL) return false;
+        dfl_error e2;
+        error_clear(&e2);
+        if (pack_create(m, be, w, free_slot, &e2) != DFL_OK) {
+            memset(free_slot, 0, sizeof(*free_slot));
+            return false;
         }
-        if (pack_create(m, be, w, free_slot, err) != DFL_OK) return err->code;
         c = free_slot;
     }
     c->refs++;
-    *used = true;
     for (int64_t s = 0; s < c->n_slots; s++) {
         if (c->packed[s].layout != TENSOR_LAYOUT_PLAIN) *pack_slot(w, s) = c->packed[s];
     }
-    return DFL_OK;
+    return true;
 }
 
 void weights_pack_release(dfl_model *m, backend *be) {

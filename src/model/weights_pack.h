@@ -8,9 +8,10 @@
 
 /* Points the packable matmul weights of w (the head and the layers' projections, bound into the
  * mapping by ctx_weights_bind) at the model's packed copy on be, packing them first if this is
- * the first context of the model on be. *used: whether w now holds any packed view (release
- * then). DFL_ERR_NOMEM / DFL_ERR_UNSUPPORTED (too many backends) with a message. */
-dfl_status weights_pack_acquire(dfl_model *model, backend *be, ctx_weights *w, bool *used, dfl_error *err);
+ * the first context of the model on be. Returns whether w now uses the copy (release it then).
+ * Packing only speeds things up: when the copy cannot be made (no memory for it, or the model is
+ * packed for MODEL_MAX_DEVICE_COPIES backends already) w stays as bound and it returns false. */
+bool weights_pack_acquire(dfl_model *model, backend *be, ctx_weights *w);
 /* Drops one context's use of the copy on be; the last one frees it. */
 void weights_pack_release(dfl_model *model, backend *be);
 

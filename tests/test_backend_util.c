@@ -277,3 +277,14 @@ int64_t first_bit_diff(const float *a, const float *b, int64_t n) {
     }
     return -1;
 }
+
+void *prep_act(const cpu_kernels *k, uint32_t wtype, cpu_act *act, const float *x, int64_t n_in, int64_t n_rows) {
+    const cpu_dot_type dot = cpu_dot_type_of(wtype);
+    const size_t bytes = cpu_act_bytes(dot, n_in, n_rows);
+    void *mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    DFL_ASSERT(mem != NULL);
+    memset(mem, 0, bytes);
+    cpu_act_layout(act, dot, n_in, n_rows, mem);
+    for (int64_t r = 0; r < n_rows; r++) k->act_row[wtype](act, r, x + r * n_in);
+    return mem;
+}

@@ -37,6 +37,13 @@ void run_op(backend *be, const backend_op *op);
 bool close_enough(test_ctx *t, const char *what, const float *a, const float *b, int64_t n, double tol_abs,
                   double tol_rel);
 
+/* Activation rows x [n_rows, n_in] prepared for weight type wtype by the kernel set k (its
+ * quantizer) into new 64-byte aligned memory (returned: free() it), laid out in *act. */
+struct cpu_kernels;
+struct cpu_act;
+void *prep_act(const struct cpu_kernels *k, uint32_t wtype, struct cpu_act *act, const float *x, int64_t n_in,
+               int64_t n_rows);
+
 /* The first i < n where a[i] and b[i] differ in any bit, or -1 (bit-exact comparisons). */
 int64_t first_bit_diff(const float *a, const float *b, int64_t n);
 

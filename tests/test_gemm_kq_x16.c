@@ -106,16 +106,6 @@ static const int64_t k_kn_in[3] = {256, 768, 2816};
 static const int64_t k_kn_out[5] = {1, 3, 13, 16, 37};
 static const int64_t k_krows[8] = {1, 3, 4, 5, 16, 17, 33, 130};
 
-static void kx_act(const cpu_kernels *ks, uint32_t type, cpu_act *act, void **mem, const float *x, int64_t n_in,
-                   int64_t n_rows) {
-    const size_t bytes = cpu_act_bytes(CPU_DOT_Q8_K, n_in, n_rows);
-    *mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    DFL_ASSERT(*mem != NULL);
-    memset(*mem, 0, bytes);
-    cpu_act_layout(act, CPU_DOT_Q8_K, n_in, n_rows, *mem);
-    for (int64_t row = 0; row < n_rows; row++) ks->act_row[type](act, row, x + row * n_in);
-}
-
 static int kx_cmp(test_ctx *t, const float *a, const float *b, int64_t n, int64_t n_out, const char *what,
                   uint32_t type, int64_t n_in) {
     const int64_t i = first_bit_diff(a, b, n);
@@ -150,7 +140,7 @@ TEST(gemm_kq_x16_same_bits_as_plain) {
                     }
                     cpu_act act;
                     void *mem;
-                    kx_act(&k, type, &act, &mem, x, n_in, n_rows);
+                    mem = prep_act(&k, type, &act, x, n_in, n_rows);
                     const size_t wrow = quant_row_size(type, n_in);
                     if (have) {
                         tensor tp;
@@ -196,7 +186,7 @@ TEST(gemm_kq_x16_batch_invariant) {
         uint8_t *p = kx_pack(&k, type, w, n_in, n_out, &tp);
         cpu_act act;
         void *mem;
-        kx_act(&k, type, &act, &mem, x, n_in, n_rows);
+        mem = prep_act(&k, type, &act, x, n_in, n_rows);
         k.matmul_packed[type](p, tp.nb[1], &act, 0, n_rows, y, n_out, 0, n_out);
         int bad = 0;
         for (int64_t len = 1; len <= 12 && !bad; len++) {

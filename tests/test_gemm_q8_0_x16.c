@@ -118,16 +118,6 @@ static const int64_t k_x_in[4] = {512, 1536, 2560, 1024};
 static const int64_t k_x_out[6] = {1, 3, 4, 5, 13, 37};
 static const int64_t k_x_rows[9] = {1, 2, 3, 4, 5, 7, 16, 17, 33};
 
-/* prepared activations of x [n_rows, n_in] with the level's quantizer (caller frees *mem) */
-static void x16_act(const cpu_kernels *ks, cpu_act *act, void **mem, const float *x, int64_t n_in, int64_t n_rows) {
-    const size_t bytes = cpu_act_bytes(CPU_DOT_Q8_0, n_in, n_rows);
-    *mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    DFL_ASSERT(*mem != NULL);
-    memset(*mem, 0, bytes);
-    cpu_act_layout(act, CPU_DOT_Q8_0, n_in, n_rows, *mem);
-    for (int64_t row = 0; row < n_rows; row++) ks->act_row[QUANT_TYPE_Q8_0](act, row, x + row * n_in);
-}
-
 static int x16_cmp(test_ctx *t, const float *a, const float *b, int64_t n_out, int64_t n_rows, const char *what,
                    int level, int64_t n_in) {
     const int64_t i = first_bit_diff(a, b, n_out * n_rows);
@@ -164,7 +154,7 @@ TEST(gemm_q8_0_x16_same_bits_as_plain) {
                     uint8_t *p = x16_pack(w, n_in, n_out, &tp);
                     cpu_act act;
                     void *mem;
-                    x16_act(&ks, &act, &mem, x, n_in, n_rows);
+                    mem = prep_act(&ks, QUANT_TYPE_Q8_0, &act, x, n_in, n_rows);
                     memset(y0, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
                     memset(y1, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
                     ks.matmul[QUANT_TYPE_Q8_0](w, (size_t)(n_in / 32) * 34, &act, 0, n_rows, y0, n_out, 0, n_out);
@@ -204,7 +194,7 @@ TEST(gemm_q8_0_x16_batch_invariant) {
         uint8_t *p = x16_pack(w, n_in, n_out, &tp);
         cpu_act act;
         void *mem;
-        x16_act(&ks, &act, &mem, x, n_in, n_rows);
+        mem = prep_act(&ks, QUANT_TYPE_Q8_0, &act, x, n_in, n_rows);
         ks.matmul_packed[QUANT_TYPE_Q8_0](p, tp.nb[1], &act, 0, n_rows, y, n_out, 0, n_out);
         int bad = 0;
         for (int64_t len = 1; len <= 10 && !bad; len++) {

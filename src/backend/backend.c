@@ -485,7 +485,7 @@ size_t backend_weight_pack_size(const backend *be, const tensor *w) {
     return be->vt->weight_pack_size(be, w);
 }
 
-tensor backend_weight_pack(const backend *be, const tensor *w, void *dst) {
+tensor backend_weight_pack(backend *be, const tensor *w, void *dst) {
     DFL_ASSERT(be->vt->weight_pack != NULL && ((uintptr_t)dst & 63) == 0);
     return be->vt->weight_pack(be, w, dst);
 }

@@ -137,10 +137,10 @@ backend_caps backend_get_caps(const backend *be);
 /* Packed weights. backend_weight_pack_size: the bytes a copy of matmul weight w [n_in, n_out]
  * (PLAIN, contiguous rows, host-readable) takes in the layout be's matmul kernels read fastest,
  * or 0 when be reads w as it is (then use w). backend_weight_pack writes that copy into dst (host
- * memory of be, 64-byte aligned, pack_size bytes) and returns the view of it to pass to
+ * memory of be, 64-byte aligned, pack_size bytes), on be's threads, and returns the view of it to pass to
  * op_matmul instead of w; the results are the same bits as with w. */
 size_t backend_weight_pack_size(const backend *be, const tensor *w);
-tensor backend_weight_pack(const backend *be, const tensor *w, void *dst);
+tensor backend_weight_pack(backend *be, const tensor *w, void *dst);
 
 /* ---- buffers ---------------------------------------------------------------------------- */
 

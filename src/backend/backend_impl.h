@@ -13,7 +13,7 @@ typedef struct backend_vtable {
     dfl_status (*op_supported)(const backend *be, const backend_op *op, dfl_error *err);
     /* packed weights (backend_weight_pack_size / backend_weight_pack; both NULL: none) */
     size_t (*weight_pack_size)(const backend *be, const tensor *w);
-    tensor (*weight_pack)(const backend *be, const tensor *w, void *dst);
+    tensor (*weight_pack)(backend *be, const tensor *w, void *dst);
 
     backend_buffer *(*buffer_alloc)(backend *be, size_t size, dfl_error *err);
     void (*buffer_free)(backend_buffer *buf);

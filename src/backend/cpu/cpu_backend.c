@@ -338,8 +338,27 @@ static size_t cpu_vt_weight_pack_size(const backend *be, const tensor *w) {
     return cpu_weight_pack_size(&((const cpu_backend *)be)->kernels, w);
 }
 
-static tensor cpu_vt_weight_pack(const backend *be, const tensor *w, void *dst) {
-    return cpu_weight_pack(&((const cpu_backend *)be)->kernels, w, dst);
+typedef struct pack_job {
+    const cpu_kernels *k;
+    const tensor *w;
+    void *dst;
+} pack_job;
+
+static void pack_fn(void *ctx, int ith, int nth) {
+    const pack_job *j = ctx;
+    cpu_weight_pack_part(j->k, j->w, j->dst, ith, nth);
+}
+
+/* on the backend's threads (one op at a time: the pool is shared with the queues) */
+static tensor cpu_vt_weight_pack(backend *bbe, const tensor *w, void *dst) {
+    cpu_backend *be = (cpu_backend *)bbe;
+    pack_job job = {&be->kernels, w, dst};
+    int nth = be->n_threads_batch < cpu_pool_size(be->pool) ? be->n_threads_batch : cpu_pool_size(be->pool);
+    if (nth < 1) nth = 1;
+    pthread_mutex_lock(&be->exec_mu);
+    cpu_pool_run(be->pool, nth, pack_fn, &job);
+    pthread_mutex_unlock(&be->exec_mu);
+    return cpu_weight_packed_view(&be->kernels, w, dst);
 }
 
 static void cpu_free(backend *bbe) {

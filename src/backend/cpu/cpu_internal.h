@@ -152,6 +152,10 @@ uint32_t cpu_weight_pack_layout(const cpu_kernels *k, const tensor *w);
 size_t cpu_weight_pack_size(const cpu_kernels *k, const tensor *w);
 /* Packs w into dst (64-byte aligned, cpu_weight_pack_size bytes); returns the packed view. */
 tensor cpu_weight_pack(const cpu_kernels *k, const tensor *w, void *dst);
+/* Part part of n_parts of that work (disjoint rows / groups: parts may run on several threads),
+ * and the view of the whole packed copy. */
+void cpu_weight_pack_part(const cpu_kernels *k, const tensor *w, void *dst, int part, int n_parts);
+tensor cpu_weight_packed_view(const cpu_kernels *k, const tensor *w, void *dst);
 /* KQ_X16 record offsets (lane i = row i of the group; tensor_kq_x16_record_bytes in all):
  * Q4_K: [0, 64) d | dmin << 16 per lane; SC + 16 j + i, M + 16 j + i: sub-block j's 6-bit scale and
  * min (j < 8); QS + 64 q + 4 i: qs dword q (q < 32).
@@ -168,6 +172,8 @@ tensor cpu_weight_pack(const cpu_kernels *k, const tensor *w, void *dst);
 void cpu_q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m);
 /* Q6_K: the signed 6-bit value (-32..31) of element e (0..255) of a block. */
 int cpu_q6_K_value(const block_q6_K *b, int e);
+/* All 256 of them at once (the same values, in element order). */
+void cpu_q6_K_values(const block_q6_K *b, int8_t v[QK_K]);
 /* The AVX-512 KQ_X16 kernels (cpu_gemm_kquant_avx512.c); o0 a multiple of 16. */
 void cpu_mm_q4_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                             int64_t ds, int64_t o0, int64_t o1);

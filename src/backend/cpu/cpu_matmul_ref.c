@@ -28,6 +28,19 @@ int cpu_q6_K_value(const block_q6_K *b, int e) {
     return (lo | (hi << 4)) - 32;
 }
 
+void cpu_q6_K_values(const block_q6_K *b, int8_t v[QK_K]) {
+    for (int n = 0; n < 2; n++) { /* ggml's dequantize_row_q6_K order: cpu_q6_K_value of every e */
+        const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
+        int8_t *o = v + 128 * n;
+        for (int l = 0; l < 32; l++) {
+            o[l] = (int8_t)(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+            o[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            o[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+    }
+}
+
 /* Super-block b of a Q4_K row (its f16 d, dmin, the unpacked scales and mins, the 128 qs bytes)
  * against activation row r, in f64. */
 static double dot_q4_K_sb(uint16_t d, uint16_t dmin, const int sc[8], const int m[8], const uint8_t *qs,
@@ -122,7 +135,7 @@ static double dot_row(uint32_t wtype, const void *wrow, const cpu_act *act, int6
         for (int64_t b = 0; b < n / QK_K; b++) {
             const block_q6_K *blk = (const block_q6_K *)wrow + b;
             int8_t vals[QK_K];
-            for (int e = 0; e < QK_K; e++) vals[e] = (int8_t)cpu_q6_K_value(blk, e);
+            cpu_q6_K_values(blk, vals);
             sum += dot_q6_K_sb(blk->d, blk->scales, vals, act, r, b);
         }
         return sum;

@@ -80,42 +80,57 @@ static void pack_kq_record(uint8_t *R, uint32_t type, const uint8_t *const rows[
             const block_q6_K *b = (const block_q6_K *)rows[i] + sb;
             memcpy(R + 2 * i, &b->d, 2);
             for (int j = 0; j < 16; j++) R[CPU_KQ_X16_Q6K_SC + 16 * j + i] = (uint8_t)b->scales[j];
-            for (int e = 0; e < QK_K; e++) {
-                R[CPU_KQ_X16_Q6K_W + 64 * (e / 4) + 4 * i + e % 4] = (uint8_t)(cpu_q6_K_value(b, e) + 32);
+            int8_t v[QK_K];
+            cpu_q6_K_values(b, v);
+            for (int e = 0; e < QK_K; e += 4) {
+                uint8_t *o = R + CPU_KQ_X16_Q6K_W + 16 * e + 4 * i; /* values e .. e+3, + 32 */
+                for (int t = 0; t < 4; t++) o[t] = (uint8_t)(v[e + t] + 32);
             }
         }
     }
 }
 
-tensor cpu_weight_pack(const cpu_kernels *k, const tensor *w, void *dst) {
+void cpu_weight_pack_part(const cpu_kernels *k, const tensor *w, void *dst, int part, int n_parts) {
     const uint32_t layout = cpu_weight_pack_layout(k, w);
-    DFL_ASSERT(layout != TENSOR_LAYOUT_PLAIN && ((uintptr_t)dst & 63) == 0);
+    DFL_ASSERT(layout != TENSOR_LAYOUT_PLAIN && ((uintptr_t)dst & 63) == 0 && part >= 0 && part < n_parts);
+    if (layout == TENSOR_LAYOUT_Q8_0_X16) {
+        const size_t stride = q8_0_x16_row_stride(w->ne[0]);
+        const int64_t n = w->ne[1], o0 = n * part / n_parts, o1 = n * (part + 1) / n_parts;
+        for (int64_t o = o0; o < o1; o++) {
+            cpu_pack_q8_0_x16_row((uint8_t *)dst + (size_t)o * stride,
+                                  (const block_q8_0 *)((const char *)w->data + (size_t)o * w->nb[1]), w->ne[0]);
+        }
+        return;
+    }
+    const size_t rec = tensor_kq_x16_record_bytes(w->type);
+    const int64_t nsb = w->ne[0] / QK_K, n_out = w->ne[1], n_g = (n_out + 15) / 16;
+    const int64_t g0 = n_g * part / n_parts, g1 = n_g * (part + 1) / n_parts;
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *rows[16]; /* the last group repeats the last row */
+        for (int i = 0; i < 16; i++) {
+            const int64_t o = 16 * g + i < n_out ? 16 * g + i : n_out - 1;
+            rows[i] = (const uint8_t *)w->data + (size_t)o * w->nb[1];
+        }
+        uint8_t *R = (uint8_t *)dst + (size_t)(g * nsb) * rec;
+        for (int64_t sb = 0; sb < nsb; sb++, R += rec) pack_kq_record(R, w->type, rows, sb);
+    }
+}
+
+tensor cpu_weight_packed_view(const cpu_kernels *k, const tensor *w, void *dst) {
+    const uint32_t layout = cpu_weight_pack_layout(k, w);
+    DFL_ASSERT(layout != TENSOR_LAYOUT_PLAIN);
     tensor t = *w;
     t.data = dst;
     t.buf = NULL;
     t.layout = layout;
-    if (layout == TENSOR_LAYOUT_Q8_0_X16) {
-        const size_t stride = q8_0_x16_row_stride(w->ne[0]);
-        for (int64_t o = 0; o < w->ne[1]; o++) {
-            cpu_pack_q8_0_x16_row((uint8_t *)dst + (size_t)o * stride,
-                                  (const block_q8_0 *)((const char *)w->data + (size_t)o * w->nb[1]), w->ne[0]);
-        }
-        t.nb[1] = stride;
-    } else {
-        const size_t rec = tensor_kq_x16_record_bytes(w->type);
-        const int64_t nsb = w->ne[0] / QK_K, n_out = w->ne[1];
-        uint8_t *R = dst;
-        for (int64_t g = 0; g < (n_out + 15) / 16; g++) {
-            const uint8_t *rows[16]; /* the last group repeats the last row */
-            for (int i = 0; i < 16; i++) {
-                const int64_t o = 16 * g + i < n_out ? 16 * g + i : n_out - 1;
-                rows[i] = (const uint8_t *)w->data + (size_t)o * w->nb[1];
-            }
-            for (int64_t sb = 0; sb < nsb; sb++, R += rec) pack_kq_record(R, w->type, rows, sb);
-        }
-        t.nb[1] = rec * (size_t)nsb / 16;
-    }
+    t.nb[1] = layout == TENSOR_LAYOUT_Q8_0_X16 ? q8_0_x16_row_stride(w->ne[0])
+                                              : tensor_kq_x16_record_bytes(w->type) * (size_t)(w->ne[0] / QK_K) / 16;
     t.nb[2] = t.nb[1] * (size_t)w->ne[1];
     t.nb[3] = t.nb[2];
     return t;
+}
+
+tensor cpu_weight_pack(const cpu_kernels *k, const tensor *w, void *dst) {
+    cpu_weight_pack_part(k, w, dst, 0, 1);
+    return cpu_weight_packed_view(k, w, dst);
 }

@@ -288,3 +288,27 @@ void *prep_act(const cpu_kernels *k, uint32_t wtype, cpu_act *act, const float *
     for (int64_t r = 0; r < n_rows; r++) k->act_row[wtype](act, r, x + r * n_in);
     return mem;
 }
+
+bool mm_ops_same_bits(backend *be, tensor w0, tensor w1, const float *x, int64_t n_rows) {
+    const int64_t n_in = w0.ne[0], n_out = w0.ne[1];
+    float *y[2] = {malloc(sizeof(float) * (size_t)(n_out * n_rows)), malloc(sizeof(float) * (size_t)(n_out * n_rows))};
+    int32_t *am[2] = {malloc(sizeof(int32_t) * (size_t)n_rows), malloc(sizeof(int32_t) * (size_t)n_rows)};
+    DFL_ASSERT(y[0] && y[1] && am[0] && am[1]);
+    for (int k = 0; k < 2; k++) {
+        backend_op op;
+        memset(&op, 0, sizeof(op));
+        op.kind = BACKEND_OP_MATMUL;
+        op.src[0] = k == 0 ? w0 : w1;
+        op.src[1] = tensor_2d(QUANT_TYPE_F32, (void *)x, n_in, n_rows);
+        op.dst = tensor_2d(QUANT_TYPE_F32, y[k], n_out, n_rows);
+        run_op(be, &op);
+        op.kind = BACKEND_OP_MATMUL_ARGMAX;
+        op.f[0] = 0.5f;
+        op.dst = tensor_1d(QUANT_TYPE_I32, am[k], n_rows);
+        run_op(be, &op);
+    }
+    const bool same = first_bit_diff(y[0], y[1], n_out * n_rows) < 0 &&
+                      memcmp(am[0], am[1], sizeof(int32_t) * (size_t)n_rows) == 0;
+    free(y[0]); free(y[1]); free(am[0]); free(am[1]);
+    return same;
+}

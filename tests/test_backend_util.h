@@ -44,6 +44,10 @@ struct cpu_act;
 void *prep_act(const struct cpu_kernels *k, uint32_t wtype, struct cpu_act *act, const float *x, int64_t n_in,
                int64_t n_rows);
 
+/* op_matmul and op_matmul_argmax (scale 0.5) on be with weight w0 and with weight w1 [n_in, n_out]
+ * (e.g. plain and packed) over x [n_in, n_rows]: true when both give the same bits. */
+bool mm_ops_same_bits(backend *be, tensor w0, tensor w1, const float *x, int64_t n_rows);
+
 /* The first i < n where a[i] and b[i] differ in any bit, or -1 (bit-exact comparisons). */
 int64_t first_bit_diff(const float *a, const float *b, int64_t n);
 

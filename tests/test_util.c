@@ -247,3 +247,42 @@ bool tu_engine_generate(dfl_engine *e, int n_seq, int32_t *const *prompts, const
     }
     return ok;
 }
+
+float *tu_pack_ab(test_ctx *t, dfl_model *m, const int32_t *prompt, int64_t n, int64_t n_gen,
+                  void (*check)(test_ctx *t, dfl_context *c)) {
+    float *lg[2] = {NULL, NULL};
+    int32_t gen[2][16];
+    int64_t nv = 0;
+    bool ok = n <= 16 && n_gen <= 16;
+    for (int k = 0; k < 2 && ok; k++) {
+        dfl_error err = {0};
+        dfl_context_params cp = dfl_context_default_params();
+        cp.n_ctx = 64;
+        cp.n_batch = cp.n_ubatch = cp.n_outputs = 16;
+        cp.n_threads = cp.n_threads_batch = 2;
+        cp.no_weight_pack = k == 1;
+        dfl_context *c = dfl_context_new(m, &cp, &err);
+        if (c == NULL) {
+            test_fail(t, __FILE__, __LINE__, "context (no_weight_pack %d): %s", k, err.msg);
+            ok = false;
+            break;
+        }
+        if (k == 0 && check != NULL) check(t, c);
+        nv = dfl_n_vocab(c);
+        lg[k] = malloc(sizeof(float) * (size_t)(n * nv));
+        ok = lg[k] != NULL && tu_decode(c, 0, prompt, n, lg[k], &err) == DFL_OK &&
+             dfl_seq_remove(c, 0, 0, &err) == DFL_OK && tu_greedy(c, 0, prompt, n, n_gen, gen[k], &err) == DFL_OK;
+        if (!ok) test_fail(t, __FILE__, __LINE__, "decode (no_weight_pack %d): %s", k, err.msg);
+        dfl_context_free(c);
+    }
+    if (ok) {
+        CHECK_MSG(memcmp(lg[0], lg[1], sizeof(float) * (size_t)(n * nv)) == 0, "logits differ with the packed weights");
+        CHECK_MSG(memcmp(gen[0], gen[1], sizeof(int32_t) * (size_t)n_gen) == 0, "greedy tokens differ with the packed weights");
+    }
+    free(lg[1]);
+    if (!ok) {
+        free(lg[0]);
+        return NULL;
+    }
+    return lg[0];
+}

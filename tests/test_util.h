@@ -28,6 +28,13 @@ int32_t tu_argmax(const float *x, int64_t n);
 /* True if node and the npm package tests/peer/node_modules/PKG (e.g. "node-llama-cpp", "openai")
  * are installed; otherwise the test skips itself, saying which is missing. */
 bool tu_have_node_package(test_ctx *t, const char *pkg);
+/* Packed against as-stored weights: decodes prompt (n <= 16 tokens, logits of all) and n_gen <= 16
+ * greedy tokens after it with a context that packs (the default) and one with no_weight_pack (2
+ * threads, n_ctx 64) and checks that both give the same logit bits and tokens; check (may be NULL)
+ * inspects the packing context first. Returns its logits [n, n_vocab] (free() them), NULL on
+ * failure (reported on t). */
+float *tu_pack_ab(test_ctx *t, dfl_model *m, const int32_t *prompt, int64_t n, int64_t n_gen,
+                  void (*check)(test_ctx *t, dfl_context *c));
 /* A draft hook (dfl_engine / spec draft_hook) for the lossless tests. mode 0 keeps the real
  * drafter's tokens; mode 1 proposes the true greedy continuation ref[seq][done[seq] ...] (0 past
  * n_ref) with one planted error (token + 1 mod n_vocab) at a random slot in 3 of 4 steps, so that

@@ -1,7 +1,8 @@
 /* bench/kernel_ab.c: kernel-level A/B of the CPU matmul kernels, plain vs packed weights (cpu_pack.c),
  * both copies in the same kind of memory (argv[6]: 1 = madvised huge pages, 0 = 4 KiB pages), one
  * thread, best of argv[5] alternating repetitions. Not part of the build; see
- * bench/results/cpu-packed-weights.md for the build line. Usage: kernel_ab q4_K|q6_K|q8_0 N_IN N_OUT ROWS REPS HUGE */
+ * bench/results/cpu-packed-weights.md for the build line. Usage: kernel_ab q4_K|q6_K|q8_0 N_IN N_OUT ROWS REPS HUGE
+ * [avx2] (avx2: the AVX2 kernels only) */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_internal.h"
 #include <stdio.h>
@@ -24,8 +25,8 @@ static void *big(size_t n, int huge) {
     return p;
 }
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: kernel_ab q4_K|q6_K|q8_0 N_IN N_OUT ROWS REPS HUGE\n");
+    if (argc != 7 && argc != 8) {
+        fprintf(stderr, "usage: kernel_ab q4_K|q6_K|q8_0 N_IN N_OUT ROWS REPS HUGE [avx2]\n");
         return 2;
     }
     uint32_t type = !strcmp(argv[1], "q4_K")   ? QUANT_TYPE_Q4_K
@@ -55,7 +56,11 @@ int main(int argc, char **argv) {
                 ((block_q6_K *)r)[b].d = 0x1400;
     }
     cpu_kernels k;
-    cpu_kernels_select(&k, cpu_features_detect());
+    uint32_t feat = cpu_features_detect();
+    if (argc == 8 && !strcmp(argv[7], "avx2")) { /* the AVX2 kernels only */
+        feat &= ~(uint32_t)(BACKEND_CPU_FEATURE_AVX512 | BACKEND_CPU_FEATURE_AVX512_VNNI | BACKEND_CPU_FEATURE_AVX512_BF16);
+    }
+    cpu_kernels_select(&k, feat);
     tensor tw = tensor_2d(type, w, n_in, n_out);
     size_t ps = cpu_weight_pack_size(&k, &tw);
     uint8_t *p = big(ps, huge);

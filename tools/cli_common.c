@@ -223,8 +223,8 @@ void cli_print_common_help(FILE *out) {
             "  --device cpu|cuda       where the model runs (default cpu; cuda needs a CUDA build)\n"
             "  --no-spec               ignore the drafter (plain autoregressive decoding)\n"
             "  --async                 queues run on worker threads (like GPU streams)\n"
-            "  --no-repack             read the weights as stored: no packed copy of the Q8_0\n"
-            "                          weights for the CPU kernels (same output, slower)\n"
+            "  --no-repack             read the weights as stored: no packed copy of the Q8_0 /\n"
+            "                          Q4_K / Q6_K weights for the CPU kernels (same output, slower)\n"
             "  --json                  print one JSON object at the end instead of streaming\n",
             cli_default_model_dir());
 }

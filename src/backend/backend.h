@@ -57,7 +57,7 @@ typedef struct tensor {
  * record per super-block in which 32-bit lane i is row i's: its scales unpacked to one byte each
  * and its quants dword by dword (docs/quantization.md: the byte offsets). nb[1] = the record
  * bytes x super-blocks / 16; row addresses exist for multiples of 16 only, so a matmul over a
- * packed weight takes output ranges that start at a group. */
+ * packed weight takes output ranges that start at a group (AVX2 and AVX-512 kernels). */
 typedef enum tensor_layout {
     TENSOR_LAYOUT_PLAIN = 0,
     TENSOR_LAYOUT_Q8_0_X16 = 1,

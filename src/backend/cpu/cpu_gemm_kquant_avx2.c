@@ -9,7 +9,9 @@
  *
  * Per (weight row, activation row): per super-block the exact int32 sums S and M, then
  * acc = fma(f32(S), d * dx, acc) and (Q4_K) acc = fnmadd(f32(M), dmin * dx, acc), super-blocks in
- * order from +0, so the bits do not depend on the tile, the row or output range, or the lane. */
+ * order from +0, so the bits do not depend on the tile, the row or output range, or the lane.
+ * Packed weights (TENSOR_LAYOUT_KQ_X16, cpu_pack.c): a group of 8 is one half of a 16-row record,
+ * decoded with loads (kq_decode2_x16) into the same lanes. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_decode_ext.h" /* dx_transpose8 */
 
@@ -162,6 +164,50 @@ T2 INL void q6K_decode2(const uint8_t *const p[8], int64_t sb, kq2_dec *D) {
     }
 }
 
+/* The same decodes from half h (rows 8 h .. 8 h + 7) of a KQ_X16 record (cpu_pack.c): the lanes
+ * are the 32-byte halves of its 64-byte vectors, so the transposes become loads; the same D. */
+T2 INL void kq_decode2_x16(const uint8_t *R, const int Q6, int h, kq2_dec *D) {
+    uint16_t dh[8], mh[8];
+    for (int i = 0; i < 8; i++) {
+        memcpy(&dh[i], R + (Q6 ? 2 : 4) * (8 * h + i), 2);
+        if (!Q6) memcpy(&mh[i], R + 4 * (8 * h + i) + 2, 2);
+    }
+    D->d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+    D->dmin = Q6 ? _mm256_setzero_ps() : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
+    const __m256i lo16 = _mm256_set1_epi32(0xffff);
+    if (Q6) {
+        __m256i sc[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) {
+            sc[j] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * j + 8 * h)));
+            D->scp[j] = _mm256_or_si256(_mm256_and_si256(sc[j], lo16), _mm256_slli_epi32(sc[j], 16));
+        }
+#pragma GCC unroll 8
+        for (int q = 0; q < 8; q++) {
+            const __m256i na = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * q], 5));
+            const __m256i nb = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * q + 1], 5));
+            D->mp[q] = _mm256_or_si256(_mm256_and_si256(na, lo16), _mm256_slli_epi32(nb, 16));
+        }
+#pragma GCC unroll 64
+        for (int v = 0; v < 64; v++) D->w[v] = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_Q6K_W + 64 * v + 32 * h));
+        return;
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q4K_SC + 16 * j + 8 * h)));
+        const __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * j + 8 * h)));
+        D->scp[j] = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+        D->mp[j] = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
+    }
+    const __m256i low = _mm256_set1_epi8(0x0f);
+#pragma GCC unroll 32
+    for (int q = 0; q < 32; q++) { /* qs dword q = 8 c2 + kk: values 64 c2 + 4 kk (low), + 32 (high) */
+        const __m256i c = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_QS + 64 * q + 32 * h));
+        D->w[8 * (2 * (q / 8)) + q % 8] = _mm256_and_si256(c, low);
+        D->w[8 * (2 * (q / 8) + 1) + q % 8] = _mm256_and_si256(_mm256_srli_epi16(c, 4), low);
+    }
+}
+
 T2 INL __m256i bcast32_2(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -221,25 +267,37 @@ T2 INL void kq2_rows(const kq2_dec *D, const int Q6, const cpu_act *act, int64_t
     }
 }
 
-T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const cpu_act *act, int64_t r0, int64_t nr,
-                       float *dst, int64_t ds, int64_t o0, int64_t o1) {
+/* X16: w is packed as TENSOR_LAYOUT_KQ_X16 (o0 % 16 == 0; a group of 8 is half of a record). */
+T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const int X16, const cpu_act *act, int64_t r0,
+                       int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1) {
     const int64_t nsb = act->n_in / QK_K;
     const size_t bsz = Q6 ? sizeof(block_q6_K) : sizeof(block_q4_K);
+    const size_t rec = Q6 ? 4416 : 2368; /* tensor_kq_x16_record_bytes */
     kq2_dec D;
     float acc[KQ2_RCHUNK * 8] __attribute__((aligned(32)));
     for (int64_t o = o0; o < o1; o += KQ2_W) {
         const int nw = o1 - o >= KQ2_W ? KQ2_W : (int)(o1 - o);
         const uint8_t *p[KQ2_W]; /* missing rows repeat the last one (their lanes are not stored) */
-        for (int i = 0; i < KQ2_W; i++) p[i] = (const uint8_t *)w + (size_t)(o + (i < nw ? i : nw - 1)) * w_nb1;
+        const uint8_t *grp = (const uint8_t *)w + (size_t)(o / 16) * 16 * w_nb1; /* X16: the group's records */
+        const int half = (int)((o / 8) % 2);
+        if (!X16) {
+            for (int i = 0; i < KQ2_W; i++) p[i] = (const uint8_t *)w + (size_t)(o + (i < nw ? i : nw - 1)) * w_nb1;
+        }
         for (int64_t rc = r0; rc < r0 + nr; rc += KQ2_RCHUNK) {
             const int64_t nrc = r0 + nr - rc >= KQ2_RCHUNK ? KQ2_RCHUNK : r0 + nr - rc;
             for (int64_t r = 0; r < nrc; r++) _mm256_store_ps(acc + 8 * r, _mm256_setzero_ps());
             for (int64_t sb = 0; sb < nsb; sb++) {
-                if (sb + 1 < nsb) prefetch8(p, (size_t)(sb + 1) * bsz, bsz);
-                if (Q6) {
-                    q6K_decode2(p, sb, &D);
+                if (X16) {
+                    const char *pf = (const char *)grp + (size_t)(sb + 2) * rec + 32 * (size_t)half;
+                    for (size_t b = 0; b < rec; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
+                    kq_decode2_x16(grp + (size_t)sb * rec, Q6, half, &D);
                 } else {
-                    q4K_decode2(p, sb, &D);
+                    if (sb + 1 < nsb) prefetch8(p, (size_t)(sb + 1) * bsz, bsz);
+                    if (Q6) {
+                        q6K_decode2(p, sb, &D);
+                    } else {
+                        q4K_decode2(p, sb, &D);
+                    }
                 }
                 for (int64_t rt = 0; rt < nrc; rt += KQ2_NT) {
                     const int nt = nrc - rt >= KQ2_NT ? KQ2_NT : (int)(nrc - rt);
@@ -265,17 +323,29 @@ T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const cpu_act 
 
 T2 static void mm_q4_K_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                             int64_t ds, int64_t o0, int64_t o1) {
-    mm_kq_avx2(w, w_nb1, 0, act, r0, nr, dst, ds, o0, o1);
+    mm_kq_avx2(w, w_nb1, 0, 0, act, r0, nr, dst, ds, o0, o1);
 }
 
 T2 static void mm_q6_K_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                             int64_t ds, int64_t o0, int64_t o1) {
-    mm_kq_avx2(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
+    mm_kq_avx2(w, w_nb1, 1, 0, act, r0, nr, dst, ds, o0, o1);
+}
+
+T2 static void mm_q4_K_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                                int64_t ds, int64_t o0, int64_t o1) {
+    mm_kq_avx2(w, w_nb1, 0, 1, act, r0, nr, dst, ds, o0, o1);
+}
+
+T2 static void mm_q6_K_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                                int64_t ds, int64_t o0, int64_t o1) {
+    mm_kq_avx2(w, w_nb1, 1, 1, act, r0, nr, dst, ds, o0, o1);
 }
 
 void cpu_kernels_init_kquant_avx2(cpu_kernels *k) {
     k->matmul[QUANT_TYPE_Q4_K] = mm_q4_K_avx2;
     k->matmul[QUANT_TYPE_Q6_K] = mm_q6_K_avx2;
+    k->matmul_packed[QUANT_TYPE_Q4_K] = mm_q4_K_x16_avx2;
+    k->matmul_packed[QUANT_TYPE_Q6_K] = mm_q6_K_x16_avx2;
 }
 
 #else

@@ -174,7 +174,8 @@ void cpu_q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m);
 int cpu_q6_K_value(const block_q6_K *b, int e);
 /* All 256 of them at once (the same values, in element order). */
 void cpu_q6_K_values(const block_q6_K *b, int8_t v[QK_K]);
-/* The AVX-512 KQ_X16 kernels (cpu_gemm_kquant_avx512.c); o0 a multiple of 16. */
+/* The AVX-512 KQ_X16 kernels (cpu_gemm_kquant_avx512.c; the AVX2 ones are in cpu_gemm_kquant_avx2.c);
+ * o0 a multiple of 16. */
 void cpu_mm_q4_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                             int64_t ds, int64_t o0, int64_t o1);
 void cpu_mm_q6_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,

@@ -12,7 +12,8 @@
  *   lanes they decoded with 16x16 transposes before. Q4_K records are 3% larger than the blocks,
  *   Q6_K records 31% (the price of no bit assembly in decode, where Q6_K was compute-bound).
  * Packed weights give the same bits as plain ones (the kernels do the same integer and f32
- * operations on the same values). A type is packed only where the level has a kernel for it. */
+ * operations on the same values). A type is packed only where the level has a kernel for it:
+ * Q8_0 at every level, Q4_K / Q6_K at AVX2 and AVX-512. */
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
 

@@ -242,8 +242,10 @@ T512 INL __m512i bcast32(const void *p) {
 
 /* acc[r] (16 lanes, in memory) += super-block sb of the group for activation rows r0 .. r0+NT-1.
  * Q6: Q6_K (16 sub-blocks of 16, offset -32), else Q4_K (8 sub-blocks of 32, mins). */
+/* pf / npf: cache lines to prefetch during the call, spread over its sub-blocks (packed weights:
+ * a share of the record two super-blocks ahead; a burst of them at once stalled the rows). */
 T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t sb, int64_t r0, const int NT,
-                      float *acc) {
+                      float *acc, const char *pf, int npf) {
     const int8_t *x0 = act->qs + r0 * act->n_in + sb * QK_K; /* row r at + r * n_in */
     const int16_t *bs[KQ_NT];
 #pragma GCC unroll 8
@@ -254,6 +256,7 @@ T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t
     for (int r = 0; r < NT; r++) S[r] = _mm512_setzero_si512();
 #pragma GCC unroll 1
     for (int j = 0; j < nsub; j++) { /* a loop, not unrolled: 2 NT + 3 live vectors, no spills */
+        for (int l = npf * j / nsub; l < npf * (j + 1) / nsub; l++) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
         __m512i dot[KQ_NT];
 #pragma GCC unroll 8
         for (int r = 0; r < NT; r++) dot[r] = _mm512_setzero_si512();
@@ -314,10 +317,11 @@ T512 INL void mm_kq_512(const void *w, size_t w_nb1, const int Q6, const int X16
             const int64_t nrc = r0 + nr - rc >= KQ_RCHUNK ? KQ_RCHUNK : r0 + nr - rc;
             for (int64_t r = 0; r < nrc; r++) _mm512_store_ps(acc + 16 * r, _mm512_setzero_ps());
             for (int64_t sb = 0; sb < nsb; sb++) {
+                /* X16: the record two ahead (the next group's first ones at the end of a group), a
+                 * share in each row tile */
+                const char *pf = (const char *)grp + (size_t)(sb + 2) * rec;
+                const int n_pf = X16 ? (int)(rec / 64) : 0, n_tiles = (int)((nrc + KQ_NT - 1) / KQ_NT);
                 if (X16) {
-                    /* the record two ahead (the next group's first ones at the end of a group) */
-                    const char *pf = (const char *)grp + (size_t)(sb + 2) * rec;
-                    for (size_t b = 0; b < rec; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
                     if (Q6) {
                         q6K_decode_x16(grp + (size_t)sb * rec, &D);
                     } else {
@@ -334,15 +338,18 @@ T512 INL void mm_kq_512(const void *w, size_t w_nb1, const int Q6, const int X16
                 for (int64_t rt = 0; rt < nrc; rt += KQ_NT) {
                     const int nt = nrc - rt >= KQ_NT ? KQ_NT : (int)(nrc - rt);
                     float *a = acc + 16 * rt;
+                    const int t = (int)(rt / KQ_NT), l0 = n_pf * t / n_tiles, l1 = n_pf * (t + 1) / n_tiles;
+                    const char *p0 = pf + 64 * l0;
+                    const int np = l1 - l0;
                     switch (nt) {
-                    case 1: kq_rows(&D, Q6, act, sb, rc + rt, 1, a); break;
-                    case 2: kq_rows(&D, Q6, act, sb, rc + rt, 2, a); break;
-                    case 3: kq_rows(&D, Q6, act, sb, rc + rt, 3, a); break;
-                    case 4: kq_rows(&D, Q6, act, sb, rc + rt, 4, a); break;
-                    case 5: kq_rows(&D, Q6, act, sb, rc + rt, 5, a); break;
-                    case 6: kq_rows(&D, Q6, act, sb, rc + rt, 6, a); break;
-                    case 7: kq_rows(&D, Q6, act, sb, rc + rt, 7, a); break;
-                    default: kq_rows(&D, Q6, act, sb, rc + rt, 8, a); break;
+                    case 1: kq_rows(&D, Q6, act, sb, rc + rt, 1, a, p0, np); break;
+                    case 2: kq_rows(&D, Q6, act, sb, rc + rt, 2, a, p0, np); break;
+                    case 3: kq_rows(&D, Q6, act, sb, rc + rt, 3, a, p0, np); break;
+                    case 4: kq_rows(&D, Q6, act, sb, rc + rt, 4, a, p0, np); break;
+                    case 5: kq_rows(&D, Q6, act, sb, rc + rt, 5, a, p0, np); break;
+                    case 6: kq_rows(&D, Q6, act, sb, rc + rt, 6, a, p0, np); break;
+                    case 7: kq_rows(&D, Q6, act, sb, rc + rt, 7, a, p0, np); break;
+                    default: kq_rows(&D, Q6, act, sb, rc + rt, 8, a, p0, np); break;
                     }
                 }
             }

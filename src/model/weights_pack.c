@@ -34,8 +34,9 @@ static tensor *pack_slot(ctx_weights *w, int64_t s) {
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Packs the slots of w on be into a new copy c (c->buf NULL when nothing is packable). */
-static dfl_status pack_create(const dfl_model *m, backend *be, ctx_weights *w, model_pack_copy *c, dfl_error *err) {
+/* Packs the slots of w on be into a new copy c (c->buf NULL when nothing is packable); false when
+ * its memory cannot be allocated (c is then cleared). */
+static bool pack_create(const dfl_model *m, backend *be, ctx_weights *w, model_pack_copy *c) {
     const int64_t n = pack_n_slots(m);
     size_t total = 0;
     for (int64_t s = 0; s < n; s++) {
@@ -44,17 +45,15 @@ static dfl_status pack_create(const dfl_model *m, backend *be, ctx_weights *w, m
     }
     memset(c, 0, sizeof(*c));
     c->be = be;
-    if (total == 0) return DFL_OK;
-    c->packed = calloc((size_t)n, sizeof(tensor));
-    if (c->packed == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory packing weights");
+    if (total == 0) return true;
     dfl_error e2;
     error_clear(&e2);
-    c->buf = backend_buffer_alloc(be, total, &e2);
+    c->packed = calloc((size_t)n, sizeof(tensor));
+    c->buf = c->packed != NULL ? backend_buffer_alloc(be, total, &e2) : NULL;
     if (c->buf == NULL) {
         free(c->packed);
-        c->packed = NULL;
-        return error_set(err, e2.code, "%s: cannot allocate %.2f GB for the packed weights: %s", m->path,
-                         (double)total / 1e9, e2.msg);
+        memset(c, 0, sizeof(*c));
+        return false;
     }
     char *base = backend_buffer_base(c->buf);
     size_t off = 0;
@@ -74,7 +73,7 @@ static dfl_status pack_create(const dfl_model *m, backend *be, ctx_weights *w, m
         if (c->packed[s].layout == TENSOR_LAYOUT_PLAIN || t->data == w->token_embd.data) continue;
         fmap_release(t->data, t->nb[1] * (size_t)t->ne[1]);
     }
-    return DFL_OK;
+    return true;
 }
 
 bool weights_pack_acquire(dfl_model *m, backend *be, ctx_weights *w) {
@@ -86,13 +85,7 @@ bool weights_pack_acquire(dfl_model *m, backend *be, ctx_weights *w) {
     if (c == NULL) {
         /* packing only speeds things up: with every slot taken, or no memory for the copy, the
          * context reads the weights as stored */
-        if (free_slot == NULL) return false;
-        dfl_error e2;
-        error_clear(&e2);
-        if (pack_create(m, be, w, free_slot, &e2) != DFL_OK) {
-            memset(free_slot, 0, sizeof(*free_slot));
-            return false;
-        }
+        if (free_slot == NULL || !pack_create(m, be, w, free_slot)) return false;
         c = free_slot;
     }
     c->refs++;

@@ -302,7 +302,7 @@ T512 INL void mm_kq_512(const void *w, size_t w_nb1, const int Q6, const int X16
                         int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1) {
     const int64_t nsb = act->n_in / QK_K;
     const size_t bsz = Q6 ? sizeof(block_q6_K) : sizeof(block_q4_K);
-    const size_t rec = Q6 ? 4416 : 2368; /* tensor_kq_x16_record_bytes */
+    const size_t rec = tensor_kq_x16_record_bytes(Q6 ? QUANT_TYPE_Q6_K : QUANT_TYPE_Q4_K);
     kq_dec D;
     float acc[KQ_RCHUNK * 16] __attribute__((aligned(64)));
     for (int64_t o = o0; o < o1; o += KQ_W) {

@@ -10,7 +10,8 @@
  * activation vector of the 16 registers. Cache blocking as in cpu_gemm_float_avx512.c: a group of
  * FG2_OB weight rows against one row tile at a time over blocks of FG2_KC inputs, so the row tile's
  * activations stay in L1 while the group's weights stream from L2; accumulators of the group's
- * tiles wait in a small buffer between input blocks (the chains continue unchanged).
+ * tiles wait in a small buffer between input blocks (the chains continue unchanged), and the first
+ * row tile prefetches the weights FG2_PF_ROWS rows ahead (why: cpu_gemm_float_avx512.c).
  * Measured (Zen 5 forced to AVX2, one core, thread CPU time): 16-512 rows 45-60 -> 70-87 GFLOP/s
  * against the previous 1 weight row x 8 activation rows loop (the FMA peak with 256-bit vectors
  * is ~112). */
@@ -27,6 +28,7 @@
 #define FG2_NT 6     /* activation rows per register tile */
 #define FG2_KC 1024  /* inputs per block: FG2_NT rows x FG2_KC f32 = 24 KiB of activations */
 #define FG2_OB 32    /* weight rows per group (a multiple of FG2_WR) */
+#define FG2_PF_ROWS 64 /* weight rows ahead that the first row tile prefetches (two groups) */
 
 /* Sum of the 8 lanes: (l + l^4), then (l + l^2), then (l + l^1) (as hsum8 in cpu_kernels_avx2.c). */
 T2 INL float fg2_hsum8(__m256 v) {
@@ -59,7 +61,8 @@ T2 INL float fg2_w_scalar(const void *p, int64_t i, const int WT) {
  * activation rows r0 .. r0 + NT - 1. The accumulators start at 0 when first, else from sv; they
  * are saved to sv unless last, when the sums (plus the scalar tail) go to dst. */
 T2 INL void fg2_tile(const void *w, size_t w_nb1, const int WT, int no, const cpu_act *act, int64_t r0, const int NT,
-                     int64_t k0, int64_t k1, bool first, bool last, __m256 *sv, float *dst, int64_t ds, int64_t o) {
+                     int64_t k0, int64_t k1, bool first, bool last, __m256 *sv, float *dst, int64_t ds, int64_t o,
+                     bool pf) {
     const int64_t n = act->n_in;
     const void *wr[FG2_WR];
 #pragma GCC unroll 2
@@ -68,8 +71,17 @@ T2 INL void fg2_tile(const void *w, size_t w_nb1, const int WT, int no, const cp
     __m256 acc[FG2_WR * FG2_NT];
 #pragma GCC unroll 12
     for (int a = 0; a < FG2_WR * NT; a++) acc[a] = first ? _mm256_setzero_ps() : sv[a];
+    /* pf: the same inputs of the rows FG2_PF_ROWS on are prefetched, a line per row whenever this
+     * tile's loads enter a new line (as in cpu_gemm_float_avx512.c) */
+    const size_t pf_off = (size_t)FG2_PF_ROWS * w_nb1;
+    const int64_t esz = WT == 0 ? 4 : 2, line_in = 64 / esz; /* inputs per cache line */
     for (int64_t i = k0; i < k1; i += 8) {
         __m256 wv[FG2_WR];
+        if (pf && (i & (line_in - 1)) == 0) {
+#pragma GCC unroll 2
+            for (int j = 0; j < FG2_WR; j++)
+                _mm_prefetch((const char *)((uintptr_t)wr[j] + pf_off + (uintptr_t)(i * esz)), _MM_HINT_T0);
+        }
 #pragma GCC unroll 2
         for (int j = 0; j < FG2_WR; j++) wv[j] = fg2_load_w8(wr[j], i, WT);
 #pragma GCC unroll 6
@@ -98,14 +110,15 @@ T2 INL void fg2_tile(const void *w, size_t w_nb1, const int WT, int no, const cp
 }
 
 T2 INL void fg2_tile_nt(const void *w, size_t w_nb1, const int WT, int no, const cpu_act *act, int64_t r0, int nt,
-                        int64_t k0, int64_t k1, bool first, bool last, __m256 *sv, float *dst, int64_t ds, int64_t o) {
+                        int64_t k0, int64_t k1, bool first, bool last, __m256 *sv, float *dst, int64_t ds, int64_t o,
+                        bool pf) {
     switch (nt) {
-    case 1: fg2_tile(w, w_nb1, WT, no, act, r0, 1, k0, k1, first, last, sv, dst, ds, o); break;
-    case 2: fg2_tile(w, w_nb1, WT, no, act, r0, 2, k0, k1, first, last, sv, dst, ds, o); break;
-    case 3: fg2_tile(w, w_nb1, WT, no, act, r0, 3, k0, k1, first, last, sv, dst, ds, o); break;
-    case 4: fg2_tile(w, w_nb1, WT, no, act, r0, 4, k0, k1, first, last, sv, dst, ds, o); break;
-    case 5: fg2_tile(w, w_nb1, WT, no, act, r0, 5, k0, k1, first, last, sv, dst, ds, o); break;
-    default: fg2_tile(w, w_nb1, WT, no, act, r0, 6, k0, k1, first, last, sv, dst, ds, o); break;
+    case 1: fg2_tile(w, w_nb1, WT, no, act, r0, 1, k0, k1, first, last, sv, dst, ds, o, pf); break;
+    case 2: fg2_tile(w, w_nb1, WT, no, act, r0, 2, k0, k1, first, last, sv, dst, ds, o, pf); break;
+    case 3: fg2_tile(w, w_nb1, WT, no, act, r0, 3, k0, k1, first, last, sv, dst, ds, o, pf); break;
+    case 4: fg2_tile(w, w_nb1, WT, no, act, r0, 4, k0, k1, first, last, sv, dst, ds, o, pf); break;
+    case 5: fg2_tile(w, w_nb1, WT, no, act, r0, 5, k0, k1, first, last, sv, dst, ds, o, pf); break;
+    default: fg2_tile(w, w_nb1, WT, no, act, r0, 6, k0, k1, first, last, sv, dst, ds, o, pf); break;
     }
 }
 
@@ -124,7 +137,7 @@ T2 INL void fg2_matmul(const void *w, size_t w_nb1, const int WT, const cpu_act 
                 for (int64_t o = ob; o < oe; o += FG2_WR) {
                     const int no = oe - o >= FG2_WR ? FG2_WR : (int)(oe - o);
                     fg2_tile_nt(w, w_nb1, WT, no, act, rt, nt, k0, k1, k0 == 0, k1 == n8, sv[(o - ob) / FG2_WR], dst,
-                                ds, o);
+                                ds, o, rt == r0); /* the first row tile prefetches (past o1 too) */
                 }
                 k0 = k1;
             } while (k0 < n8);

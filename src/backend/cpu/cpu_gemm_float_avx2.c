@@ -71,7 +71,7 @@ T2 INL void fg2_tile(const void *w, size_t w_nb1, const int WT, int no, const cp
     __m256 acc[FG2_WR * FG2_NT];
 #pragma GCC unroll 12
     for (int a = 0; a < FG2_WR * NT; a++) acc[a] = first ? _mm256_setzero_ps() : sv[a];
-    /* pf: the same inputs of the rows FG2_PF_ROWS on are prefetched, a line per row whenever this
+    /* pf: the same inputs of the rows FG2_PF_ROWS on are prefetched into L2, a line per row whenever this
      * tile's loads enter a new line (as in cpu_gemm_float_avx512.c) */
     const size_t pf_off = (size_t)FG2_PF_ROWS * w_nb1;
     const int64_t esz = WT == 0 ? 4 : 2, line_in = 64 / esz; /* inputs per cache line */
@@ -80,7 +80,7 @@ T2 INL void fg2_tile(const void *w, size_t w_nb1, const int WT, int no, const cp
         if (pf && (i & (line_in - 1)) == 0) {
 #pragma GCC unroll 2
             for (int j = 0; j < FG2_WR; j++)
-                _mm_prefetch((const char *)((uintptr_t)wr[j] + pf_off + (uintptr_t)(i * esz)), _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)wr[j] + pf_off + (uintptr_t)(i * esz)), _MM_HINT_T1);
         }
 #pragma GCC unroll 2
         for (int j = 0; j < FG2_WR; j++) wv[j] = fg2_load_w8(wr[j], i, WT);

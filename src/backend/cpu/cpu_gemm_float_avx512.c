@@ -20,12 +20,15 @@
  * Measured on Zen 5, one core, by thread CPU time (the machine was shared): n_in 3072 -> 1024 at
  * 128 / 512 rows 136 -> 172 GFLOP/s, n_in 1024 unchanged at 170-190, 16 rows ~200, of a measured
  * FMA peak of ~225; the register tile alone reaches ~205 (91%) when its data is in L1.
- * Prefetch: the first row tile of a group prefetches the same inputs of the rows FG_PF_ROWS on, a
- * line per row as its loads enter a new line. Here (a 2-core VM sharing its L3) a process keeps
- * only ~12-16 MB in L3, so even the 15 MB embedded pair's weights come from memory every step, and
- * the hardware prefetchers leave the kernel waiting on the next rows: with the prefetch, a cold
- * [256 x 4096] matrix at 16 rows took 0.50-0.54 ms instead of 0.61-0.74 (one thread), and the
- * embedded pair's speculative decoding spent 1.2x less time per token (paired A/B over 12 runs).
+ * Prefetch: the first row tile of a group prefetches the same inputs of the rows FG_PF_ROWS on into
+ * L2, a line per row as its loads enter a new line. Here (a 2-core VM sharing its L3) a process
+ * keeps only ~12-16 MB in L3, so even the 15 MB embedded pair's weights come from memory every
+ * step, and the hardware prefetchers leave the kernel waiting on the next rows. Into L2, not L1: a
+ * 16-row tile's activations (16 KiB at n_in 256) and a group's weights (16 KiB) already fill L1,
+ * and prefetching into it evicted them. A cold [256 x 4096] F16 matrix at 16 rows, one thread:
+ * 0.61-0.74 ms without prefetch, 0.47-0.55 into L1, 0.37 into L2 (0.34 when cached); the embedded
+ * pair's speculative decoding: 1.2x less time per token with the L1 prefetch, 1.13x less again
+ * into L2 (paired A/B, 12 runs each).
  * AVX512_BF16's vdpbf16ps is not used: it rounds differently from this f32 FMA chain, which the
  * decode path (1 row) must share with the batches. */
 #include "backend/cpu/cpu_internal.h"
@@ -74,9 +77,9 @@ T512 INL void fg_tile(const void *w, size_t w_nb1, const int WT, int no, const c
     const void *wr[FG_WR];
 #pragma GCC unroll 4
     for (int j = 0; j < FG_WR; j++) wr[j] = (const char *)w + (size_t)(o + (j < no ? j : no - 1)) * w_nb1;
-    /* pf: the same inputs of the 4 rows FG_PF_ROWS on are prefetched, a line per row whenever this
-     * tile's loads enter a new line, so the weights of the groups ahead arrive from L3 / memory
-     * while this group computes (its other row tiles find this group's in L1 / L2) */
+    /* pf: the same inputs of the 4 rows FG_PF_ROWS on are prefetched into L2, a line per row
+     * whenever this tile's loads enter a new line, so the weights of the groups ahead arrive from
+     * L3 / memory while this group computes (its other row tiles find this group's in L1 / L2) */
     const size_t pf_off = (size_t)FG_PF_ROWS * w_nb1;
     const int64_t esz = WT == 0 ? 4 : 2, line_in = 64 / esz; /* inputs per cache line */
     const float *xr = act->f + r0 * n;
@@ -89,7 +92,7 @@ T512 INL void fg_tile(const void *w, size_t w_nb1, const int WT, int no, const c
         if (pf && (i & (line_in - 1)) == 0) {
 #pragma GCC unroll 4
             for (int j = 0; j < FG_WR; j++)
-                _mm_prefetch((const char *)((uintptr_t)wr[j] + pf_off + (uintptr_t)(i * esz)), _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)wr[j] + pf_off + (uintptr_t)(i * esz)), _MM_HINT_T1);
         }
 #pragma GCC unroll 4
         for (int j = 0; j < FG_WR; j++) wv[j] = fg_load_w16(wr[j], i, WT, 0xffff);

@@ -358,3 +358,96 @@ TEST(backend_act_quantizer_rules) {
         CHECK(a.d[1] < 0.0f && a.d[1] > -0.01f); /* second block: max 0.6 positive -> d = -0.6 / 127 */
     }
 }
+
+/* ---- prepared activations reused by the next matmul of the same x (cpu_matmul.c) ------------ */
+
+/* A matmul right after a matmul of the same x (same view, same dot type, the first one's output
+ * clear of x) reuses the prepared activations: its output equals a fresh backend's bit for bit,
+ * and (proof that the reuse happens) x changed behind the backend's back is not seen. x changed by
+ * an op in between, a first matmul whose output overlaps x, or another dot type prepare again. */
+/* The reference: a new backend per matmul (a kept one would itself reuse across calls). */
+static void mm_fresh(int n_threads, uint32_t type, const void *w, int64_t n_in, int64_t n_out, const float *x,
+                     int64_t n_rows, float *dst) {
+    backend *be = make_backend(n_threads, 2, false);
+    DFL_ASSERT(be != NULL);
+    mm_run(be, type, w, n_in, n_out, x, n_rows, dst);
+    backend_free(be);
+}
+
+static void mm_reuse_case(test_ctx *t, rng *r, int n_threads, uint32_t type1, uint32_t type2) {
+    enum { N_IN = 256, N_OUT = 40, N_ROWS = 7 };
+    static float x[N_IN * N_ROWS], x0[N_IN * N_ROWS], y1[N_OUT * N_ROWS], y[N_OUT * N_ROWS], ref[N_OUT * N_ROWS];
+    void *w1 = make_weight(r, type1, N_IN, N_OUT), *w2 = make_weight(r, type2, N_IN, N_OUT);
+    REQUIRE(w1 && w2);
+    const char *n1 = quant_type_get(type1)->name, *n2 = quant_type_get(type2)->name;
+    backend *be = make_backend(n_threads, 2, false);
+    REQUIRE(be);
+    const cpu_kernels *k = &((const cpu_backend *)be)->kernels;
+    const bool same_prep = k->act_row[type1] == k->act_row[type2];
+    fill_f32(r, x, N_IN * N_ROWS, 1.0f);
+    memcpy(x0, x, sizeof(x));
+
+    /* 1. w1 then w2 on x: w2's output is a fresh backend's */
+    mm_fresh(n_threads, type2, w2, N_IN, N_OUT, x, N_ROWS, ref);
+    mm_run(be, type1, w1, N_IN, N_OUT, x, N_ROWS, y1);
+    mm_run(be, type2, w2, N_IN, N_OUT, x, N_ROWS, y);
+    CHECK_MSG(memcmp(y, ref, sizeof(y)) == 0, "%s after %s on the same x, %d threads: differs from a fresh backend", n2,
+              n1, n_threads);
+
+    /* 2. x changed on the host, not by an op: a reused preparation still sees x0 */
+    mm_run(be, type1, w1, N_IN, N_OUT, x, N_ROWS, y1);
+    for (int64_t i = 0; i < N_IN * N_ROWS; i++) x[i] = -x[i];
+    mm_run(be, type2, w2, N_IN, N_OUT, x, N_ROWS, y);
+    if (same_prep) {
+        CHECK_MSG(memcmp(y, ref, sizeof(y)) == 0, "%s after %s: the activations were prepared again (no reuse)", n2, n1);
+    } else {
+        mm_fresh(n_threads, type2, w2, N_IN, N_OUT, x, N_ROWS, ref);
+        CHECK_MSG(memcmp(y, ref, sizeof(y)) == 0, "%s after %s (other preparation): reused stale activations", n2,
+                  n1);
+    }
+
+    /* 3. x changed by an op in between (x = x + x): prepared again */
+    memcpy(x, x0, sizeof(x));
+    mm_run(be, type1, w1, N_IN, N_OUT, x, N_ROWS, y1);
+    backend_op add;
+    memset(&add, 0, sizeof(add));
+    add.kind = BACKEND_OP_ADD;
+    add.dst = add.src[0] = add.src[1] = tensor_2d(QUANT_TYPE_F32, x, N_IN, N_ROWS);
+    run_op(be, &add);
+    mm_run(be, type2, w2, N_IN, N_OUT, x, N_ROWS, y);
+    mm_fresh(n_threads, type2, w2, N_IN, N_OUT, x, N_ROWS, ref);
+    CHECK_MSG(memcmp(y, ref, sizeof(y)) == 0, "%s after %s and an op writing x: reused stale activations", n2, n1);
+
+    /* 4. the first matmul writes its output into x (the first N_OUT values of each row) */
+    memcpy(x, x0, sizeof(x));
+    backend_op mm;
+    memset(&mm, 0, sizeof(mm));
+    mm.kind = BACKEND_OP_MATMUL;
+    mm.src[0] = tensor_2d(type1, w1, N_IN, N_OUT);
+    mm.src[1] = tensor_2d(QUANT_TYPE_F32, x0, N_IN, N_ROWS);
+    mm.dst = tensor_2d(QUANT_TYPE_F32, x, N_OUT, N_ROWS);
+    mm.dst.nb[1] = (size_t)N_IN * sizeof(float); /* row r at x + r * N_IN */
+    mm.dst.nb[2] = mm.dst.nb[3] = mm.dst.nb[1] * N_ROWS;
+    mm_run(be, type1, w1, N_IN, N_OUT, x, N_ROWS, y1); /* prepares x ... */
+    mm.src[1] = tensor_2d(QUANT_TYPE_F32, x, N_IN, N_ROWS);
+    run_op(be, &mm);                                    /* ... the same x again, output into x */
+    mm_run(be, type2, w2, N_IN, N_OUT, x, N_ROWS, y);
+    mm_fresh(n_threads, type2, w2, N_IN, N_OUT, x, N_ROWS, ref);
+    CHECK_MSG(memcmp(y, ref, sizeof(y)) == 0, "%s after a %s writing into x: reused stale activations", n2, n1);
+
+    backend_free(be);
+    free(w1);
+    free(w2);
+}
+
+TEST(backend_matmul_reuses_prepared_activations) {
+    rng r = {2024};
+    for (int nt = 1; nt <= 2; nt++) {
+        mm_reuse_case(t, &r, nt, QUANT_TYPE_F16, QUANT_TYPE_F16);
+        mm_reuse_case(t, &r, nt, QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_0); /* both Q8_0 activations */
+        mm_reuse_case(t, &r, nt, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K); /* both Q8_K activations */
+        mm_reuse_case(t, &r, nt, QUANT_TYPE_F16, QUANT_TYPE_Q8_0);  /* other dot types */
+        mm_reuse_case(t, &r, nt, QUANT_TYPE_BF16, QUANT_TYPE_F16);  /* both f32 rows, rounded differently */
+        mm_reuse_case(t, &r, nt, QUANT_TYPE_F32, QUANT_TYPE_F32);
+    }
+}

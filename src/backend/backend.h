@@ -218,7 +218,9 @@ bool backend_matmul_type_supported(uint32_t type);
  * w [n_in, n_out] F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K (rows contiguous, e.g. in the mmap);
  * x [n_in, n_rows] f32 (rows may be strided; ne[0] contiguous). Like llama.cpp the optimized
  * path quantizes x once per op to the weight's dot type (Q8_0 for Q8_0/Q4_0, Q8_K for
- * Q4_K/Q6_K, f16 for F16, bf16 for BF16) and uses integer / low-precision dot products. */
+ * Q4_K/Q6_K, f16 for F16, bf16 for BF16) and uses integer / low-precision dot products. The CPU
+ * backend skips that step for a matmul right after a matmul of the same x (q, k, v; gate, up),
+ * which relies on backend memory being written by ops only. */
 void op_matmul(backend_queue *q, tensor dst, tensor w, tensor x);
 
 /* rmsnorm over ne[0]: dst [n, rows] = x / sqrt(mean(x^2) + eps) * w; w [n] f32 or NULL (= 1).

@@ -218,6 +218,16 @@ typedef struct cpu_backend {
     pthread_mutex_t exec_mu; /* one op at a time: the pool and the scratch are shared */
     void *scratch;           /* matmul activations etc.; grows to the largest op, then stays */
     size_t scratch_size;
+    /* The activations a matmul prepared in the scratch stay valid for the next op if it is a
+     * matmul of the same x with the same preparation (q, k, v of one layer; gate, up) and the
+     * first one's output does not overlap x: that one skips the preparation (cpu_matmul.c). */
+    uint64_t op_seq;         /* ops run so far (cpu_exec_op) */
+    uint64_t act_seq;        /* op_seq of the matmul whose activations the scratch holds; 0: none */
+    const char *act_x;       /* its x: first byte, row stride, n_in, rows; its preparation */
+    size_t act_nb1;
+    int64_t act_n_in, act_n_rows;
+    cpu_act_row_fn act_prep;
+    const char *act_dst_lo, *act_dst_hi; /* the bytes its output spans */
 } cpu_backend;
 
 /* Runs one validated op now, on the calling thread plus the pool (takes exec_mu). */

@@ -63,6 +63,38 @@ static void matmul_compute_fn(void *ctx, int ith, int nth) {
     }
 }
 
+/* The bytes a [ne0, ne1] f32 view spans: [lo, hi). */
+static void view_span(const tensor *t, const char **lo, const char **hi) {
+    *lo = (const char *)t->data;
+    *hi = *lo + (size_t)(t->ne[1] - 1) * t->nb[1] + (size_t)t->ne[0] * sizeof(float);
+}
+
+/* True when the scratch holds x's activations as prep makes them: the op just before this one was
+ * a matmul of the same x view with the same preparation (not only the same dot type: F16 and BF16
+ * both take f32 rows, rounded differently) whose output did not overlap x (so nothing has written
+ * x since: backend memory is written by ops only). */
+static bool matmul_act_reuse(const cpu_backend *be, const tensor *x, cpu_act_row_fn prep) {
+    if (be->act_seq == 0 || be->act_seq + 1 != be->op_seq) return false;
+    if (be->act_x != (const char *)x->data || be->act_nb1 != x->nb[1] || be->act_n_in != x->ne[0] ||
+        be->act_n_rows != x->ne[1] || be->act_prep != prep) {
+        return false;
+    }
+    const char *lo, *hi;
+    view_span(x, &lo, &hi);
+    return be->act_dst_hi <= lo || hi <= be->act_dst_lo;
+}
+
+/* Records that the scratch now holds x's activations made by prep, and this op's output span. */
+static void matmul_act_note(cpu_backend *be, const tensor *x, cpu_act_row_fn prep, const tensor *dst) {
+    be->act_seq = be->op_seq;
+    be->act_x = (const char *)x->data;
+    be->act_nb1 = x->nb[1];
+    be->act_n_in = x->ne[0];
+    be->act_n_rows = x->ne[1];
+    be->act_prep = prep;
+    view_span(dst, &be->act_dst_lo, &be->act_dst_hi);
+}
+
 void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
     const tensor *w = &op->src[0], *x = &op->src[1];
     const int64_t n_in = w->ne[0], n_out = w->ne[1], n_rows = x->ne[1];
@@ -81,9 +113,13 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
     const double work = (double)n_in * (double)n_out * (double)n_rows;
     if (work < 65536.0) nth = 1;
 
-    /* phase 1: activation rows (split over threads only when there is real work) */
-    const int nth_prep = (double)n_in * (double)n_rows >= 32768.0 ? (nth < n_rows ? nth : (int)n_rows) : 1;
-    cpu_pool_run(be->pool, nth_prep, matmul_prep_fn, &job);
+    /* phase 1: activation rows (split over threads only when there is real work), unless the
+     * previous op prepared these (matmul_act_reuse) */
+    if (!matmul_act_reuse(be, x, job.prep)) {
+        const int nth_prep = (double)n_in * (double)n_rows >= 32768.0 ? (nth < n_rows ? nth : (int)n_rows) : 1;
+        cpu_pool_run(be->pool, nth_prep, matmul_prep_fn, &job);
+    }
+    matmul_act_note(be, x, job.prep, &op->dst);
 
     /* phase 2: about 8 chunks per thread for balance, multiples of 4 (kernels work on 2 or 4
      * weight rows at a time) */

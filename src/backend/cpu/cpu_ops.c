@@ -422,6 +422,7 @@ static void exec_attention(cpu_backend *be, const backend_op *op) {
 
 void cpu_exec_op(cpu_backend *be, const backend_op *op) {
     pthread_mutex_lock(&be->exec_mu);
+    be->op_seq++;
     switch (op->kind) {
     case BACKEND_OP_MATMUL: cpu_op_matmul(be, op); break;
     case BACKEND_OP_MATMUL_ARGMAX: cpu_op_matmul_argmax(be, op); break;

@@ -60,6 +60,46 @@ static backend_op mkop(backend_op_kind kind, tensor dst, const tensor *s0, const
     return op;
 }
 
+/* One backend through a sequence of rope ops (its position table: cpu_rope.c): positions that
+ * grow the table, another freq_base and n_rot (the table starts over), back again, NORM pairing,
+ * and positions the table does not cover (negative, 2^20 and above: the reference); every output
+ * equals cpu_op_rope_neox_ref bit for bit, on 1 and 2 threads. */
+TEST(backend_op_rope_table) {
+    rng r = {61};
+    enum { HD = 128, NH = 6, NT = 24 };
+    static float x[HD * NH * NT], y[HD * NH * NT], yr[HD * NH * NT];
+    static int32_t pos[NT];
+    const struct { int32_t p0, step; float base; int32_t n_rot, norm; } cases[] = {
+        {0, 1, 10000.0f, 64, 0},   {3000, 97, 10000.0f, 64, 0}, {5, 3, 1000000.0f, 64, 0},
+        {40, 1, 10000.0f, 64, 0},  {9, 2, 10000.0f, 0, 0},      {7, 11, 10000.0f, 128, 1},
+        {-3, 1, 10000.0f, 64, 0},
+        {(1 << 20) - 10, 1, 10000.0f, 64, 0}, {100, 5, 10000.0f, 64, 0},
+    };
+    for (int nt = 1; nt <= 2; nt++) {
+        backend *be = make_backend(nt, 2, false);
+        REQUIRE(be);
+        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+            for (int64_t i = 0; i < NT; i++) pos[i] = cases[c].p0 + (int32_t)i * cases[c].step;
+            fill_f32(&r, x, HD * NH * NT, 1.0f);
+            backend_op op = mkop(BACKEND_OP_ROPE_NEOX, tensor_3d(QUANT_TYPE_F32, y, HD, NH, NT),
+                                 &(tensor){0}, NULL);
+            op.src[0] = tensor_3d(QUANT_TYPE_F32, x, HD, NH, NT);
+            op.src[1] = tensor_1d(QUANT_TYPE_I32, pos, NT);
+            op.f[0] = cases[c].base;
+            op.i[0] = cases[c].n_rot;
+            op.i[1] = cases[c].norm;
+            backend_op ref = op;
+            ref.dst.data = yr;
+            cpu_op_rope_neox_ref(&ref);
+            memset(y, 0, sizeof(y));
+            run_op(be, &op);
+            CHECK_MSG(memcmp(y, yr, sizeof(y)) == 0, "rope case %zu (positions from %d, base %g, n_rot %d, %d threads): "
+                      "differs from the reference", c, cases[c].p0, (double)cases[c].base, cases[c].n_rot, nt);
+        }
+        backend_free(be);
+    }
+}
+
 TEST(backend_op_rmsnorm) {
     rng r = {5};
     for (int nt = 1; nt <= 3; nt++) {

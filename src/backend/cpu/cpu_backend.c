@@ -366,6 +366,7 @@ static void cpu_free(backend *bbe) {
     cpu_pool_free(be->pool);
     pthread_mutex_destroy(&be->exec_mu);
     free(be->scratch);
+    free(be->rope_cs);
     free(be);
 }
 

@@ -228,6 +228,11 @@ typedef struct cpu_backend {
     int64_t act_n_in, act_n_rows;
     cpu_act_row_fn act_prep;
     const char *act_dst_lo, *act_dst_hi; /* the bytes its output spans */
+    /* rope (cpu_rope.c): cos / sin of positions [0, rope_n) for (rope_base, rope_rot) */
+    float *rope_cs;          /* [rope_n][rope_rot]: cos, sin of pair i at 2i, 2i + 1 */
+    int64_t rope_n, rope_cap;/* rows filled; floats allocated */
+    float rope_base;
+    int32_t rope_rot;
 } cpu_backend;
 
 /* Runs one validated op now, on the calling thread plus the pool (takes exec_mu). */
@@ -235,6 +240,9 @@ void cpu_exec_op(cpu_backend *be, const backend_op *op);
 /* Scratch of at least size bytes (exec_mu held); aborts if out of memory. */
 void *cpu_scratch(cpu_backend *be, size_t size);
 
+/* rope through the backend's position table (cpu_rope.c): exec_mu held; false (nothing done) when
+ * the table does not apply (a position out of its range, no memory): then the reference runs. */
+bool cpu_op_rope(cpu_backend *be, const backend_op *op);
 /* matmul (cpu_matmul.c): exec_mu held. */
 void cpu_op_matmul(cpu_backend *be, const backend_op *op);
 /* matmul + scale + argmax without the logits (cpu_matmul.c): exec_mu held. */

@@ -427,6 +427,9 @@ void cpu_exec_op(cpu_backend *be, const backend_op *op) {
     case BACKEND_OP_MATMUL: cpu_op_matmul(be, op); break;
     case BACKEND_OP_MATMUL_ARGMAX: cpu_op_matmul_argmax(be, op); break;
     case BACKEND_OP_ATTENTION: exec_attention(be, op); break;
+    case BACKEND_OP_ROPE_NEOX:
+        if (!cpu_op_rope(be, op)) exec_light(be, op);
+        break;
     case BACKEND_OP_WRITE: memcpy(op->dst.data, op->host, op->size); break;
     case BACKEND_OP_READ: memcpy(op->host, op->src[0].data, op->size); break;
     default: exec_light(be, op); break;

@@ -497,3 +497,47 @@ TEST(dflash2_bad_files) {
     m.skip_tensor = "selector_hidden.weight";
     d2_expect_fail(t, &m, "no_hidden.gguf", "but no selector_hidden.weight");
 }
+
+/* dflash2_scan_row (the selector's one pass over a logit row) against dflash2_top_k plus a plain
+ * scan for the first NaN / Inf: the same index, or the same k ids in the same order, on rows of
+ * every length from 1 to 70 and around the 16-value blocks, k 1 / 8 / 64, with many ties (values
+ * on a coarse grid), constant and ascending rows, and a NaN, +Inf or -Inf at random places. */
+TEST(dflash2_scan_row_equals_top_k) {
+    uint64_t s = 77;
+    static float row[4200];
+    static const int64_t lens[] = {1, 7, 15, 16, 17, 31, 33, 63, 64, 65, 70, 4096, 4111};
+    static const int64_t ks[] = {1, 8, 64};
+    int32_t a[64], b[64];
+    for (int it = 0; it < 600; it++) {
+        const int64_t n = it < 70 ? it + 1 : lens[it % 13];
+        const int64_t k = ks[it % 3];
+        const int kind = (it / 3) % 5;
+        for (int64_t i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            const int q = (int)((s >> 33) % 9);
+            row[i] = kind == 0 ? (float)q * 0.5f - 2.0f            /* ties everywhere */
+                     : kind == 1 ? 1.25f                             /* constant */
+                     : kind == 2 ? (float)i * 0.001f                 /* ascending: every block enters */
+                                 : (float)((s >> 20) & 0xffff) / 4096.0f - 8.0f;
+        }
+        if (kind >= 3 && n > 2) { /* a non-finite value somewhere (kind 4: two of them) */
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            const float bad[3] = {NAN, INFINITY, -INFINITY};
+            row[(s >> 33) % (uint64_t)n] = bad[(s >> 20) % 3];
+            if (kind == 4) row[(s >> 40) % (uint64_t)n] = bad[(s >> 50) % 3];
+        }
+        int64_t first = -1;
+        for (int64_t i = 0; i < n && first < 0; i++) {
+            if (!isfinite(row[i])) first = i;
+        }
+        const int64_t got = dflash2_scan_row(row, n, k, a);
+        CHECK_MSG(got == first, "scan_row n %lld k %lld kind %d: first non-finite %lld, expected %lld", (long long)n,
+                  (long long)k, kind, (long long)got, (long long)first);
+        if (first < 0 && got < 0) {
+            dflash2_top_k(row, n, k, b);
+            const int64_t m = k < n ? k : n;
+            CHECK_MSG(memcmp(a, b, (size_t)m * sizeof(int32_t)) == 0, "scan_row n %lld k %lld kind %d: top-k differs",
+                      (long long)n, (long long)k, kind);
+        }
+    }
+}

@@ -278,20 +278,81 @@ void dflash2_top_k(const float *row, int64_t n_vocab, int64_t k, int32_t *ids) {
     }
 }
 
+/* Inserts v (id i) into the descending top list vals / ids of cnt <= k entries (dflash2_top_k's
+ * rule: a value enters a full list only above its last; equal values keep the lower id first). */
+static void d2_insert(float *vals, int32_t *ids, int64_t *cnt, int64_t k, float v, int64_t i) {
+    if (*cnt == k && !(v > vals[k - 1])) return;
+    int64_t p = *cnt < k ? (*cnt)++ : k - 1;
+    while (p > 0 && vals[p - 1] < v) {
+        vals[p] = vals[p - 1];
+        ids[p] = ids[p - 1];
+        p--;
+    }
+    vals[p] = v;
+    ids[p] = (int32_t)i;
+}
+
+static bool d2_finite(float v) {
+    uint32_t u;
+    memcpy(&u, &v, sizeof(u));
+    return (u & 0x7f800000u) != 0x7f800000u;
+}
+
+int64_t dflash2_scan_row(const float *row, int64_t n_vocab, int64_t k, int32_t *ids) {
+    float vals[64];
+    int64_t cnt = 0, i = 0;
+    for (; i < n_vocab && cnt < k; i++) { /* the first k values enter as they come */
+        if (!d2_finite(row[i])) return i;
+        d2_insert(vals, ids, &cnt, k, row[i], i);
+    }
+    for (; i + 16 <= n_vocab; i += 16) {
+        /* the block's largest value and whether it holds a NaN / Inf (fixed trip counts: the
+         * compiler vectorizes both) */
+        float m = row[i];
+        uint32_t bad = 0;
+        for (int j = 0; j < 16; j++) {
+            const float v = row[i + j];
+            m = v > m ? v : m;
+            uint32_t u;
+            memcpy(&u, &row[i + j], sizeof(u));
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+        if (bad) {
+            for (int j = 0; j < 16; j++) {
+                if (!d2_finite(row[i + j])) return i + j;
+            }
+        }
+        if (!(m > vals[k - 1])) continue;
+        for (int j = 0; j < 16; j++) d2_insert(vals, ids, &cnt, k, row[i + j], i + j);
+    }
+    for (; i < n_vocab; i++) {
+        if (!d2_finite(row[i])) return i;
+        d2_insert(vals, ids, &cnt, k, row[i], i);
+    }
+    /* fewer than k values in the row: the lowest unused ids fill the set (as dflash2_top_k) */
+    for (int32_t id = 0; cnt < k && id < n_vocab; id++) {
+        bool used = false;
+        for (int64_t j = 0; j < cnt; j++) used = used || ids[j] == id;
+        if (!used) ids[cnt++] = id;
+    }
+    return -1;
+}
+
 /* Codebook row `id` of a [R, n_vocab] selector tensor as R floats. */
 static void d2_code_row(const gguf_tensor *t, int64_t R, int32_t id, float *dst) {
     const size_t row_bytes = quant_row_size(t->type, R);
     quant_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)id * row_bytes, dst, R);
 }
 
-/* The lattice row of output row r: candidates, then score[j][s] for the n_pred predecessors. */
+
+/* The lattice row of output row r: candidates (st->cand of row r, from dflash2_scan_row), then
+ * score[j][s] for the n_pred predecessors. */
 static void d2_lattice_row(dflash2_state *st, int64_t r, const int32_t *pred, int64_t n_pred) {
     const int64_t k = st->k, R = st->R;
     const float *lg = st->h_logits + r * st->n_vocab;
     const float *g = st->h_gate + r * R;
-    int32_t *cand = st->cand + r * k;
+    const int32_t *cand = st->cand + r * k;
     float *row = st->lattice + r * (k + k * k);
-    dflash2_top_k(lg, st->n_vocab, k, cand);
     for (int64_t s = 0; s < k; s++) {
         row[s] = (float)cand[s];
         d2_code_row(st->sel_succ, R, cand[s], st->succ_rows + s * R);
@@ -299,12 +360,15 @@ static void d2_lattice_row(dflash2_state *st, int64_t r, const int32_t *pred, in
     for (int64_t j = 0; j < n_pred; j++) {
         d2_code_row(st->sel_pred, R, pred[j], st->pred_rows);
         for (int64_t i = 0; i < R; i++) st->cond[i] = st->pred_rows[i] * g[i];   /* f32, as llama.cpp */
-        for (int64_t s = 0; s < k; s++) {
-            const float *sv = st->succ_rows + s * R;
-            double acc = 0.0;
-            for (int64_t i = 0; i < R; i++) acc += (double)sv[i] * (double)st->cond[i];
-            row[k + j * k + s] = (float)acc + lg[cand[s]];
+        /* score s = sum over i ascending of succ_s[i] * cond[i] in f64: the k sums advance
+         * together (k independent chains instead of one after the other; each in the same order) */
+        double acc[64];
+        for (int64_t s = 0; s < k; s++) acc[s] = 0.0;
+        for (int64_t i = 0; i < R; i++) {
+            const double c = (double)st->cond[i];
+            for (int64_t s = 0; s < k; s++) acc[s] += (double)st->succ_rows[s * R + i] * c;
         }
+        for (int64_t s = 0; s < k; s++) row[k + j * k + s] = (float)acc[s] + lg[cand[s]];
     }
     for (int64_t j = n_pred; j < k; j++) memcpy(row + k + j * k, row + k, (size_t)k * sizeof(float));
 }
@@ -336,14 +400,12 @@ dfl_status dflash2_select(dfl_context *d, dflash2_state *st, tensor x_out, tenso
          * -1 - (first such token), like the argmax of a DFlash drafter (the session reports it) */
         int64_t L_ok = L;
         int32_t flag = 0;
-        for (int64_t p = 1; p <= L && L_ok == L; p++) {
-            const float *lg = st->h_logits + (off + p - 1) * V;
-            for (int64_t v = 0; v < V; v++) {
-                if (!isfinite(lg[v])) {
-                    L_ok = p - 1;
-                    flag = -1 - (int32_t)v;
-                    break;
-                }
+        for (int64_t p = 1; p <= L; p++) { /* and each row's candidates */
+            const int64_t bad = dflash2_scan_row(st->h_logits + (off + p - 1) * V, V, k, st->cand + (off + p - 1) * k);
+            if (bad >= 0) {
+                L_ok = p - 1;
+                flag = -1 - (int32_t)bad;
+                break;
             }
         }
         /* position 1 follows the anchor; position p >= 2 the candidates of position p - 1 */

@@ -43,5 +43,9 @@ dflash2_state *drafter_dflash2(const dfl_context *d);
 /* The selector on host arrays (exposed for the tests): top-k of row [n_vocab] (descending,
  * ties: lower id first; NaN never chosen) into ids [k]. */
 void dflash2_top_k(const float *row, int64_t n_vocab, int64_t k, int32_t *ids);
+/* What the selector reads of a logit row in one pass: the index of its first NaN / Inf (the walk
+ * ends there), or -1 with the row's top-k in ids exactly as dflash2_top_k gives them (blocks of 16
+ * whose largest value cannot enter the current k are skipped). */
+int64_t dflash2_scan_row(const float *row, int64_t n_vocab, int64_t k, int32_t *ids);
 
 #endif

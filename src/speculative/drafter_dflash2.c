@@ -254,32 +254,8 @@ void dflash2_layer(dfl_context *d, dflash2_state *st, int64_t il, tensor x, int6
     op_add(q, x, x, h);
 }
 
-void dflash2_top_k(const float *row, int64_t n_vocab, int64_t k, int32_t *ids) {
-    float vals[64];
-    int64_t cnt = 0;
-    for (int64_t i = 0; i < n_vocab; i++) {
-        const float v = row[i];
-        if (v != v) continue;                                             /* NaN: never a candidate */
-        if (cnt == k && !(v > vals[k - 1])) continue;                     /* ties: the lower id stays */
-        int64_t p = cnt < k ? cnt++ : k - 1;
-        while (p > 0 && vals[p - 1] < v) {
-            vals[p] = vals[p - 1];
-            ids[p] = ids[p - 1];
-            p--;
-        }
-        vals[p] = v;
-        ids[p] = (int32_t)i;
-    }
-    /* fewer than k numbers in the row: the lowest unused ids fill the set */
-    for (int32_t i = 0; cnt < k && i < n_vocab; i++) {
-        bool used = false;
-        for (int64_t j = 0; j < cnt; j++) used = used || ids[j] == i;
-        if (!used) ids[cnt++] = i;
-    }
-}
-
-/* Inserts v (id i) into the descending top list vals / ids of cnt <= k entries (dflash2_top_k's
- * rule: a value enters a full list only above its last; equal values keep the lower id first). */
+/* Inserts v (id i) into the descending top list vals / ids of cnt <= k entries: a value enters a
+ * full list only above its last; equal values keep the lower id first. */
 static void d2_insert(float *vals, int32_t *ids, int64_t *cnt, int64_t k, float v, int64_t i) {
     if (*cnt == k && !(v > vals[k - 1])) return;
     int64_t p = *cnt < k ? (*cnt)++ : k - 1;
@@ -290,6 +266,25 @@ static void d2_insert(float *vals, int32_t *ids, int64_t *cnt, int64_t k, float 
     }
     vals[p] = v;
     ids[p] = (int32_t)i;
+}
+
+/* Fewer than k numbers in the row: the lowest unused ids fill the set. */
+static void d2_fill(int32_t *ids, int64_t cnt, int64_t k, int64_t n_vocab) {
+    for (int32_t i = 0; cnt < k && i < n_vocab; i++) {
+        bool used = false;
+        for (int64_t j = 0; j < cnt; j++) used = used || ids[j] == i;
+        if (!used) ids[cnt++] = i;
+    }
+}
+
+void dflash2_top_k(const float *row, int64_t n_vocab, int64_t k, int32_t *ids) {
+    float vals[64];
+    int64_t cnt = 0;
+    for (int64_t i = 0; i < n_vocab; i++) {
+        if (row[i] != row[i]) continue; /* NaN: never a candidate */
+        d2_insert(vals, ids, &cnt, k, row[i], i);
+    }
+    d2_fill(ids, cnt, k, n_vocab);
 }
 
 static bool d2_finite(float v) {
@@ -329,12 +324,7 @@ int64_t dflash2_scan_row(const float *row, int64_t n_vocab, int64_t k, int32_t *
         if (!d2_finite(row[i])) return i;
         d2_insert(vals, ids, &cnt, k, row[i], i);
     }
-    /* fewer than k values in the row: the lowest unused ids fill the set (as dflash2_top_k) */
-    for (int32_t id = 0; cnt < k && id < n_vocab; id++) {
-        bool used = false;
-        for (int64_t j = 0; j < cnt; j++) used = used || ids[j] == id;
-        if (!used) ids[cnt++] = id;
-    }
+    d2_fill(ids, cnt, k, n_vocab);
     return -1;
 }
 

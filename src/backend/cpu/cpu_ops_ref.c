@@ -90,11 +90,22 @@ void cpu_rope_cache(float *cs, float p, float freq_base, int32_t n_rot) {
     }
 }
 
+void cpu_rope_row(float *dr, const float *xr, const float *cs, int64_t hd, int32_t n_rot, bool norm) {
+    const int32_t half = n_rot / 2;
+    for (int32_t i = 0; i < half; i++) {
+        const int32_t i0 = norm ? 2 * i : i, i1 = norm ? 2 * i + 1 : i + half;
+        const float x0 = xr[i0], x1 = xr[i1];
+        const float c = cs[2 * i], s = cs[2 * i + 1];
+        dr[i0] = x0 * c - x1 * s;
+        dr[i1] = x0 * s + x1 * c;
+    }
+    for (int64_t i = n_rot; i < hd; i++) dr[i] = xr[i];
+}
+
 void cpu_op_rope_neox_ref(const backend_op *op) {
     const tensor *x = &op->src[0], *pos = &op->src[1], *d = &op->dst;
     const int64_t hd = x->ne[0], nh = x->ne[1], nt = x->ne[2];
     const int32_t n_rot = op->i[0] == 0 ? (int32_t)hd : op->i[0];
-    const int32_t half = n_rot / 2;
     const bool norm = op->i[1] == 1; /* NORM mode (llama): adjacent pairs (2i, 2i+1) */
     float *cs = ref_alloc((size_t)n_rot * sizeof(float));
     for (int64_t it = 0; it < nt; it++) {
@@ -104,14 +115,7 @@ void cpu_op_rope_neox_ref(const backend_op *op) {
         for (int64_t ih = 0; ih < nh; ih++) {
             const float *xr = (const float *)elem_ptr(x, 0, ih, it, 0);
             float *dr = (float *)elem_ptr(d, 0, ih, it, 0);
-            for (int32_t i = 0; i < half; i++) {
-                const int32_t i0 = norm ? 2 * i : i, i1 = norm ? 2 * i + 1 : i + half;
-                const float x0 = xr[i0], x1 = xr[i1];
-                const float c = cs[2 * i], s = cs[2 * i + 1];
-                dr[i0] = x0 * c - x1 * s;
-                dr[i1] = x0 * s + x1 * c;
-            }
-            for (int64_t i = n_rot; i < hd; i++) dr[i] = xr[i];
+            cpu_rope_row(dr, xr, cs, hd, n_rot, norm);
         }
     }
     free(cs);

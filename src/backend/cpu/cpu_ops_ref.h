@@ -51,6 +51,9 @@ static inline int64_t cpu_load_index(const tensor *idx, int64_t i) {
 /* The NEOX rope angles of one position, as llama.cpp computes them: theta_i = p * s^i with
  * s = freq_base^(-2/n_rot), accumulated by repeated f32 multiplication; cs[2i] = cos, cs[2i+1] = sin. */
 void cpu_rope_cache(float *cs, float p, float freq_base, int32_t n_rot);
+/* One head of one token rotated by the angles cs (cpu_rope_cache): pairs (i, i + n_rot/2), or
+ * (2i, 2i+1) when norm; dims n_rot .. hd - 1 copied. dr may be xr. */
+void cpu_rope_row(float *dr, const float *xr, const float *cs, int64_t hd, int32_t n_rot, bool norm);
 /* silu(x) = x / (1 + e^-x) as llama.cpp computes it in f32. */
 float cpu_silu_ref(float x);
 /* The row kernels of the light ops (cpu_kernels' scalar versions; the ops above use them). */

@@ -7,8 +7,8 @@
  * row p of the table is cpu_rope_cache(p) (the same function, so the same bits), filled once per
  * position for the backend's (freq_base, n_rot): the target and a drafter of the same rope share
  * it. Positions outside [0, CPU_ROPE_TABLE_MAX) or a table that cannot grow fall back to the
- * reference. The rotation is the reference's arithmetic, split over tokens across the pool when
- * the op is big. */
+ * reference. The rotation is the reference's own (cpu_rope_row), split over tokens across the
+ * pool when the op is big. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_ops_ref.h"
 
@@ -55,7 +55,6 @@ static void rope_fn(void *ctx, int ith, int nth) {
     const tensor *x = &op->src[0], *pos = &op->src[1], *d = &op->dst;
     const int64_t hd = x->ne[0], nh = x->ne[1], nt = x->ne[2];
     const int32_t n_rot = op->i[0] == 0 ? (int32_t)hd : op->i[0];
-    const int32_t half = n_rot / 2;
     const bool norm = op->i[1] == 1; /* NORM mode (llama): adjacent pairs (2i, 2i+1) */
     const int64_t t0 = nt * ith / nth, t1 = nt * (ith + 1) / nth;
     for (int64_t it = t0; it < t1; it++) {
@@ -63,14 +62,7 @@ static void rope_fn(void *ctx, int ith, int nth) {
         for (int64_t ih = 0; ih < nh; ih++) {
             const float *xr = (const float *)((const char *)x->data + (size_t)ih * x->nb[1] + (size_t)it * x->nb[2]);
             float *dr = (float *)((char *)d->data + (size_t)ih * d->nb[1] + (size_t)it * d->nb[2]);
-            for (int32_t i = 0; i < half; i++) {
-                const int32_t i0 = norm ? 2 * i : i, i1 = norm ? 2 * i + 1 : i + half;
-                const float x0 = xr[i0], x1 = xr[i1];
-                const float c = cs[2 * i], s = cs[2 * i + 1];
-                dr[i0] = x0 * c - x1 * s;
-                dr[i1] = x0 * s + x1 * c;
-            }
-            for (int64_t i = n_rot; i < hd; i++) dr[i] = xr[i];
+            cpu_rope_row(dr, xr, cs, hd, n_rot, norm);
         }
     }
 }

@@ -197,6 +197,38 @@ static long json_long(const char *out, const char *key) {
     return p != NULL ? strtol(p + strlen(key), NULL, 10) : -1;
 }
 
+/* -ctk / -ctv (llama.cpp's spelling): an f32 KV cache runs speculative decoding losslessly (its
+ * output equals the target alone with the same cache type); K and V of different types, or a type
+ * other than f16/f32, are refused with a message. */
+TEST(embedded_cli_cache_types) {
+    if (access("models/target.gguf", R_OK) != 0 || access("models/drafter.gguf", R_OK) != 0) {
+        test_skip(t, "the embedded pair is not in this checkout");
+        return;
+    }
+    char cmd[1024], out[16384], spec[4096], plain[4096];
+    const char *base = "generate -p 'def read_config(path):' -n 40 -t 1 -tb 1 --json --draft-min 0";
+    snprintf(cmd, sizeof(cmd), "%s %s -ctk f32 -ctv f32", test_cli_path(), base);
+    REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
+    json_tokens(out, spec, sizeof(spec));
+    CHECK(json_long(out, "\"n_accepted\":") > 0);
+    snprintf(cmd, sizeof(cmd), "%s %s --cache-type-k f32 --cache-type-v f32 --no-spec", test_cli_path(), base);
+    REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
+    json_tokens(out, plain, sizeof(plain));
+    CHECK(spec[0] != '\0');
+    CHECK_MSG(strcmp(spec, plain) == 0, "f32 KV: speculative %s\n  plain %s", spec, plain);
+    const struct { const char *opts; const char *want; } bad[] = {
+        {"-ctk f32", "-ctk f32 with -ctv f16"},
+        {"-ctk f16 -ctv f32", "-ctk f16 with -ctv f32"},
+        {"-ctk q8_0 -ctv q8_0", "invalid value 'q8_0' for -ctk (f16 or f32)"},
+        {"-ctv", "option -ctv needs a value"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(cmd, sizeof(cmd), "%s generate -p x -n 4 %s", test_cli_path(), bad[i].opts);
+        CHECK_MSG(test_run(cmd, out, sizeof(out)) == 2, "%s: %s", bad[i].opts, out);
+        CHECK_STR_CONTAINS(out, bad[i].want);
+    }
+}
+
 /* Every committed drafter family (DFlash, DSpark, DFlash2; models/README.md) with the embedded
  * target, through the CLI: greedy output equals the target alone on held-out prompts, with the
  * default adaptive draft length, with the whole block, and with the drafter's own draft-length

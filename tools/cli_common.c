@@ -183,11 +183,31 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
     if (!strcmp(a, "--no-spec")) { o->no_spec = true; return 1; }
     if (!strcmp(a, "--async")) { o->async = true; return 1; }
     if (!strcmp(a, "--no-repack")) { o->no_repack = true; return 1; }
+    if (!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k") || !strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v")) {
+        NEED_VALUE();
+        if (strcmp(v, "f16") && strcmp(v, "f32")) BAD("f16 or f32");
+        const bool is_k = !strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k");
+        if (is_k) o->cache_type_k = v;
+        else o->cache_type_v = v;
+        return 1;
+    }
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { o->verbose = true; return 1; }
 #undef NEED_VALUE
 #undef BAD
 #undef INT_OPT
 #undef FLOAT_OPT
+    return 0;
+}
+
+int cli_opts_finish(cli_opts *o, const char *cmd) {
+    const char *k = o->cache_type_k != NULL ? o->cache_type_k : "f16";
+    const char *v = o->cache_type_v != NULL ? o->cache_type_v : "f16";
+    if (strcmp(k, v) != 0) {
+        fprintf(stderr, "dflash %s: -ctk %s with -ctv %s: the KV cache keeps K and V in one type (give both the same)\n",
+                cmd, k, v);
+        return -1;
+    }
+    o->kv_f32 = !strcmp(k, "f32");
     return 0;
 }
 
@@ -225,6 +245,8 @@ void cli_print_common_help(FILE *out) {
             "  --async                 queues run on worker threads (like GPU streams)\n"
             "  --no-repack             read the weights as stored: no packed copy of the Q8_0 /\n"
             "                          Q4_K / Q6_K weights for the CPU kernels (same output, slower)\n"
+            "  -ctk, --cache-type-k T  KV cache type, f16 (default, like llama.cpp) or f32;\n"
+            "  -ctv, --cache-type-v T  K and V take the same type\n"
             "  --json                  print one JSON object at the end instead of streaming\n",
             cli_default_model_dir());
 }
@@ -297,6 +319,7 @@ dfl_engine_params cli_engine_params(const cli_opts *o) {
     ep.wait = o->feature_wait;
     ep.feature_buffer_max = (size_t)o->feature_buffer_max;
     ep.no_weight_pack = o->no_repack;
+    ep.kv_f32 = o->kv_f32;
     return ep;
 }
 

@@ -44,12 +44,17 @@ typedef struct cli_opts {
     int32_t n_seq;
     dfl_device device;        /* --device cpu|cuda */
     bool no_repack;           /* --no-repack: weights read as stored (no packed copy) */
+    const char *cache_type_k, *cache_type_v; /* -ctk / -ctv: f16 (default) or f32, both the same */
+    bool kv_f32;              /* set by cli_opts_finish from -ctk / -ctv */
 } cli_opts;
 
 void cli_opts_default(cli_opts *o);
 /* Parses one option at argv[*i] (advancing *i past its value). Returns 1 if it was a common
  * option, 0 if unknown, -1 on a bad value (message printed). */
 int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd);
+/* Checks the common options together once all are parsed (-ctk and -ctv name one type). Returns 0,
+ * or -1 with a message. */
+int cli_opts_finish(cli_opts *o, const char *cmd);
 /* Prints the common options' help. */
 void cli_print_common_help(FILE *out);
 

@@ -71,6 +71,7 @@ static dfl_context *bench_ctx_new(bench *b, int32_t n_seq, int64_t n_ctx, int64_
     cp.n_threads_batch = threads > 0 ? threads : b->o.n_threads_batch;
     cp.device = b->o.device;
     cp.no_weight_pack = b->o.no_repack;
+    cp.kv_f32 = b->o.kv_f32;
     dfl_context *c = dfl_context_new(b->s.target, &cp, &err);
     if (c == NULL) fprintf(stderr, "dflash bench: %s\n", err.msg);
     return c;
@@ -301,6 +302,7 @@ int cmd_bench(int argc, char **argv) {
             return usage(stderr);
         }
     }
+    if (cli_opts_finish(&b.o, "bench") != 0) return 2;
     if (b.o.prompt_file != NULL) {
         fprintf(stderr, "dflash bench: -f is not supported by bench (its prompt is -p TEXT)\n");
         return 2;

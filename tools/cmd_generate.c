@@ -48,6 +48,7 @@ int cmd_generate(int argc, char **argv) {
             return usage(stderr);
         }
     }
+    if (cli_opts_finish(&o, "generate") != 0) return 2;
     if ((o.prompt == NULL) == (o.prompt_file == NULL)) {
         fprintf(stderr, "dflash generate: a prompt is required: -p TEXT or -f FILE (one of them)\n");
         return usage(stderr);

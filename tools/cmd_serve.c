@@ -92,6 +92,7 @@ int cmd_serve(int argc, char **argv) {
             return usage(stderr);
         }
     }
+    if (cli_opts_finish(&o, "serve") != 0) return 2;
     static char tpath[4096], dpath[4096];
     if (o.model == NULL) {
         snprintf(tpath, sizeof(tpath), "%s/target.gguf", cli_default_model_dir());
@@ -119,6 +120,7 @@ int cmd_serve(int argc, char **argv) {
     ep->wait = o.feature_wait;
     ep->feature_buffer_max = (size_t)o.feature_buffer_max;
     ep->no_weight_pack = o.no_repack;
+    ep->kv_f32 = o.kv_f32;
     so.sampler.temp = o.temp;
     so.sampler.top_k = o.top_k;
     so.sampler.top_p = o.top_p;

@@ -140,6 +140,11 @@ for (const p of prompts) {
     console.log(`${p.dom.padEnd(6)} steps ${String(n).padStart(3)}  n_drafted ${String(drafted).padStart(4)}  ` +
         `n_accepted llama ${String(accepted).padStart(4)} dflash ${String(accD).padStart(4)}  text ${textOk ? "same" : "DIFFERS at char " + textDiff} ` +
         `(${k} chars)  steps ${stepOk ? "same" : "DIFFER at step " + firstDiff + " llama " + JSON.stringify(L.steps[firstDiff]) + " dflash " + JSON.stringify(D.steps[firstDiff])}`);
+    if (!textOk) {
+        console.log(`       llama:  ${JSON.stringify(L.text.slice(Math.max(0, textDiff - 40), textDiff + 40))}`);
+        console.log(`       dflash: ${JSON.stringify(D.text.slice(Math.max(0, textDiff - 40), textDiff + 40))}`);
+        console.log(`       prompt: ${JSON.stringify(p.text)}`);
+    }
     if (why) console.log(why);
 }
 const tpsL = speed.lms > 0 ? speed.lt / (speed.lms / 1e3) : 0, tpsD = speed.dms > 0 ? speed.dt / (speed.dms / 1e3) : 0;

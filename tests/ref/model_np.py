@@ -106,8 +106,11 @@ def attention(q, k, v, mask):
 # ---------------------------------------------------------------------------------------------
 
 class KVCache:
-    def __init__(self, n_layer, n_head_kv, dk, dv, dtype=np.float64):
+    def __init__(self, n_layer, n_head_kv, dk, dv, dtype=np.float64, kv_f16=False):
+        """kv_f16: K and V are rounded to float16 as they are stored (the f16 cache of dflash and
+        llama.cpp by default); attention then reads the rounded values, also for the batch itself."""
         self.n_layer, self.n_head_kv, self.dk, self.dv, self.dtype = n_layer, n_head_kv, dk, dv, dtype
+        self.kv_f16 = kv_f16
         self.n = 0
         self.pos = np.zeros(0, dtype=np.int64)                                     # (cap,)
         self.k = [np.zeros((0, n_head_kv, dk), dtype) for _ in range(n_layer)]      # (cap, n_head_kv, dk)
@@ -134,6 +137,9 @@ class KVCache:
         return sl
 
     def store(self, layer, sl, k, v):
+        if self.kv_f16:
+            k = np.asarray(k).astype(np.float16)
+            v = np.asarray(v).astype(np.float16)
         self.k[layer][sl] = k
         self.v[layer][sl] = v
 
@@ -299,11 +305,12 @@ class ForwardResult:
 class Target:
     ARCHS = {"qwen3": (True, ROPE_NEOX), "llama": (False, ROPE_NORM)}
 
-    def __init__(self, path, dtype=np.float64, rope_mode=None):
+    def __init__(self, path, dtype=np.float64, rope_mode=None, kv_f16=False):
         """rope_mode: None = by arch as llama.cpp does (qwen3 NEOX, llama NORM), or force
-        ROPE_NEOX / ROPE_NORM."""
+        ROPE_NEOX / ROPE_NORM. kv_f16: the KV cache keeps float16 values (KVCache)."""
         g = self.g = GGUF(path)
         self.dtype = dtype
+        self.kv_f16 = kv_f16
         arch = g.kv.get("general.architecture")
         if arch not in self.ARCHS:
             raise ModelError("%s: general.architecture %r is not a target arch (qwen3, llama)" % (path, arch))
@@ -341,7 +348,7 @@ class Target:
 
     def new_cache(self):
         hp = self.hp
-        return KVCache(hp.n_layer, hp.n_head_kv, hp.head_dim, hp.head_dim_v, self.dtype)
+        return KVCache(hp.n_layer, hp.n_head_kv, hp.head_dim, hp.head_dim_v, self.dtype, self.kv_f16)
 
     def embed(self, tokens):
         tokens = np.asarray(tokens, dtype=np.int64)

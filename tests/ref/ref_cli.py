@@ -8,6 +8,8 @@ Prints ONE JSON object on stdout; exit 0 on success, 1 on a bad file/token/runti
 Common options:
   --dtype f64|f32       compute precision (default f64)
   --rope auto|neox|norm target RoPE pairing (default auto: qwen3 neox, llama norm as llama.cpp)
+  --kv f64|f16          target KV cache values: kept at --dtype (default), or rounded to float16 as
+                        stored, like the default f16 cache of dflash and llama.cpp
   --top-k K             print the top K ids/values per logits row instead of the full rows
   --out PATH            also write the full array: PATH ending in .npy -> numpy .npy (float32),
                         anything else -> raw little-endian float32, row-major [n_rows, n_cols]
@@ -106,7 +108,7 @@ def positions_of(args, n):
 
 
 def load_target(path, args):
-    return M.Target(path, dtype_of(args), None if args.rope == "auto" else args.rope)
+    return M.Target(path, dtype_of(args), None if args.rope == "auto" else args.rope, args.kv == "f16")
 
 
 def cmd_logits(args):
@@ -208,6 +210,7 @@ def main(argv):
         p.add_argument("--tokens", required=True)
         p.add_argument("--dtype", choices=("f64", "f32"), default="f64")
         p.add_argument("--rope", choices=("auto", "neox", "norm"), default="auto")
+        p.add_argument("--kv", choices=("f64", "f16"), default="f64")
         p.add_argument("--top-k", type=int, default=0)
         p.add_argument("--out")
         return p

@@ -682,6 +682,26 @@ class TestCLI(unittest.TestCase):
         self.run_cli("features", "--model", T, "--tokens", "1", "--layers", "9", ok=False)
         self.run_cli("spec", "--target", T, "--drafter", T, "--tokens", "1", "-n", "3", ok=False)
 
+    def test_kv_f16_option(self):
+        """--kv f16: the cache holds float16-rounded K / V (the batch's own included), nothing else
+        changes: the first token's logits equal a forward whose K / V are rounded by hand."""
+        T = Files.path("target.gguf")
+        toks = [5, 9, 2, 7, 31]
+        a = np.array(self.run_cli("logits", "--model", T, "--tokens", "5,9,2,7,31", "--all")["logits"])
+        b = np.array(self.run_cli("logits", "--model", T, "--tokens", "5,9,2,7,31", "--all", "--kv", "f16")["logits"])
+        d = np.abs(a - b).max()
+        self.assertGreater(d, 1e-9)
+        self.assertLess(d, 1e-2 * max(1.0, np.abs(a).max()))
+        t = M.Target(T, kv_f16=True)
+        c = t.new_cache()
+        t.forward(toks, None, c, logits=None)
+        K, V, _ = c.view(0)
+        np.testing.assert_array_equal(K, K.astype(np.float16).astype(np.float64))
+        np.testing.assert_array_equal(V, V.astype(np.float16).astype(np.float64))
+        self.assertFalse(np.array_equal(M.Target(T).forward(toks, logits="all").logits,
+                                        t.forward(toks, logits="all").logits))
+        self.run_cli("logits", "--model", T, "--tokens", "1", "--kv", "f8", ok=False)
+
     def test_rope_option(self):
         llama = Files.path("target_llama.gguf")
         a = self.run_cli("logits", "--model", llama, "--tokens", "1,2,3")["logits"]

@@ -105,22 +105,7 @@ int cmd_serve(int argc, char **argv) {
     }
     so.target_path = o.model;
     so.drafter_path = o.no_spec ? NULL : o.draft;
-    dfl_engine_params *ep = &so.engine;
-    ep->n_seq = o.n_seq;
-    ep->n_ctx = o.n_ctx;
-    ep->n_batch = o.n_batch;
-    ep->n_threads = o.n_threads;
-    ep->n_threads_batch = o.n_threads_batch;
-    ep->async = o.async;
-    ep->device = o.device;
-    ep->n_draft = o.draft_max;
-    ep->n_draft_min = o.draft_min;
-    ep->draft_p_min = o.draft_p_min;
-    ep->features = o.features;
-    ep->wait = o.feature_wait;
-    ep->feature_buffer_max = (size_t)o.feature_buffer_max;
-    ep->no_weight_pack = o.no_repack;
-    ep->kv_f32 = o.kv_f32;
+    so.engine = cli_engine_params(&o); /* the engine options of generate and bench */
     so.sampler.temp = o.temp;
     so.sampler.top_k = o.top_k;
     so.sampler.top_p = o.top_p;

@@ -183,11 +183,11 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
     if (!strcmp(a, "--no-spec")) { o->no_spec = true; return 1; }
     if (!strcmp(a, "--async")) { o->async = true; return 1; }
     if (!strcmp(a, "--no-repack")) { o->no_repack = true; return 1; }
-    if (!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k") || !strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v")) {
+    const bool is_ctk = !strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k");
+    if (is_ctk || !strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v")) {
         NEED_VALUE();
         if (strcmp(v, "f16") && strcmp(v, "f32")) BAD("f16 or f32");
-        const bool is_k = !strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k");
-        if (is_k) o->cache_type_k = v;
+        if (is_ctk) o->cache_type_k = v;
         else o->cache_type_v = v;
         return 1;
     }

@@ -72,15 +72,24 @@ class W16:
         return self.a[idx]
 
 
+def wrap_layers_f16(m):
+    """Wraps the layer matrices of a target or drafter (the files' F16 weights) for f16 activations."""
+    for L in m.layers:
+        for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            setattr(L, name, W16(getattr(L, name)))
+
+
+def wrap_target_f16(t):
+    """Wraps every matrix the target multiplies (its layers and output head) for f16 activations."""
+    wrap_layers_f16(t)
+    t.output = W16(t.output)
+
+
 def wrap_f16(t, d):
     """Wraps every matrix the engines multiply with f16 activations (the files' F16 weights)."""
-    for m in (t, d):
-        for L in m.layers:
-            for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
-                setattr(L, name, W16(getattr(L, name)))
-    out = W16(t.output)
-    t.output = out
-    d.output = out
+    wrap_target_f16(t)
+    wrap_layers_f16(d)
+    d.output = t.output
     d.fc = W16(d.fc)
     d.sel_hidden = W16(d.sel_hidden)
     for C in d.conv:

@@ -28,17 +28,10 @@ import near_tie as NT  # noqa: E402
 M = NT.M
 
 
-def wrap_target_f16(t):
-    for L in t.layers:
-        for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
-            setattr(L, name, NT.W16(getattr(L, name)))
-    t.output = NT.W16(t.output)
-
-
 def last_logits(mode, target, ctx):
     t = M.Target(target, kv_f16=mode in ("kv16", "dflash", "llama"))
     if mode in ("f16act", "dflash", "llama"):
-        wrap_target_f16(t)
+        NT.wrap_target_f16(t)
     NT.set_attention({"dflash": NT.attention_dflash, "llama": NT.attention_llama_fa}.get(mode, NT.ATTENTION_F64))
     return t.forward(ctx, np.arange(len(ctx)), None, logits="last").logits[-1].astype(np.float64)
 

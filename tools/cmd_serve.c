@@ -106,12 +106,9 @@ int cmd_serve(int argc, char **argv) {
     so.target_path = o.model;
     so.drafter_path = o.no_spec ? NULL : o.draft;
     so.engine = cli_engine_params(&o); /* the engine options of generate and bench */
-    so.sampler.temp = o.temp;
-    so.sampler.top_k = o.top_k;
-    so.sampler.top_p = o.top_p;
-    so.sampler.min_p = o.min_p;
-    so.sampler.repeat_penalty = o.repeat_penalty;
-    so.sampler.seed = o.seed;
+    /* the sampling options of generate (penalties and their window included) as the defaults of
+     * requests that do not set a field */
+    so.sampler = cli_seq_params(&o).sampler;
     so.fixed_seed = seed_given;
     return srv_run(&so);
 }

@@ -230,6 +230,22 @@ async function partApi() {
     OpenAI.BadRequestError, 400);
   await stopServer(s);
 
+  // the command line's sampling options are the defaults of requests that do not set them: with
+  // --frequency-penalty / --presence-penalty / --repeat-last-n given to serve, a greedy completion
+  // equals `dflash generate` with the same options (and differs from one without them)
+  const pen = ['--frequency-penalty', '1.5', '--presence-penalty', '1', '--repeat-last-n', '32'];
+  const penPrompt = 'And the LORD spake unto Moses, saying,';
+  const gen = (extra) => JSON.parse(execFileSync(cli, ['generate', '--json', '--temp', '0', '-n', '24', '-p', penPrompt,
+    ...extra], { encoding: 'utf8', timeout: 120000, stdio: ['ignore', 'pipe', 'ignore'] })).text;
+  const refPen = gen(pen), refPlain = gen([]);
+  check('penalties change the greedy text', refPen !== refPlain, `${JSON.stringify(refPen)} with and without penalties`);
+  const sp = await startServer(['-np', '1', ...pen]);
+  const penOut = await client(sp).completions.create({ model: 'x', prompt: penPrompt, max_tokens: 24, temperature: 0 });
+  check('serve penalty defaults == generate', penOut.choices[0].text === refPen,
+    () => `${JSON.stringify(penOut.choices[0].text)} vs ${JSON.stringify(refPen)}`);
+  await stopServer(sp);
+  ok('serve takes its default penalties from the command line');
+
   // a small server for the limits: API key, context, body size, queue
   const b = await startServer(['-np', '1', '-c', '256', '--max-queue', '0', '--api-key', 'sekret', '--max-body', '65536',
     '--timeout', '2']);

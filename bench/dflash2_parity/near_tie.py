@@ -154,6 +154,17 @@ def set_attention(fn):
     D2.attention = fn
 
 
+def emulate(mode, t, d=None):
+    """Sets up a mode's arithmetic on target t (and drafter d): f16-rounded activations for the F16
+    matmuls in the f16act / dflash / llama modes, and that mode's attention (f64 otherwise)."""
+    if mode in ("f16act", "dflash", "llama"):
+        if d is None:
+            wrap_target_f16(t)
+        else:
+            wrap_f16(t, d)
+    set_attention({"dflash": attention_dflash, "llama": attention_llama_fa}.get(mode, ATTENTION_F64))
+
+
 def lattice_of(d, logits, e, last, cands):
     """Drafter2.lattice with a given candidate set (n, k) instead of the top-k."""
     k = d.k
@@ -172,9 +183,7 @@ def block(mode, args, ctx, anchor):
     dtype = np.float32 if mode == "f32" else np.float64
     t = M.Target(args.target, dtype=dtype)
     d = D2.Drafter2(args.drafter, t, dtype=dtype)
-    if mode in ("f16act", "dflash", "llama"):
-        wrap_f16(t, d)
-    set_attention({"dflash": attention_dflash, "llama": attention_llama_fa}.get(mode, ATTENTION_F64))
+    emulate(mode, t, d)
     n = len(ctx)
     r = t.forward(ctx, np.arange(n), None, capture=d.target_layers, logits="last")
     dc = d.new_cache()

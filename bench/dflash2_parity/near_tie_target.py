@@ -30,9 +30,7 @@ M = NT.M
 
 def last_logits(mode, target, ctx):
     t = M.Target(target, kv_f16=mode in ("kv16", "dflash", "llama"))
-    if mode in ("f16act", "dflash", "llama"):
-        NT.wrap_target_f16(t)
-    NT.set_attention({"dflash": NT.attention_dflash, "llama": NT.attention_llama_fa}.get(mode, NT.ATTENTION_F64))
+    NT.emulate(mode, t)
     return t.forward(ctx, np.arange(len(ctx)), None, logits="last").logits[-1].astype(np.float64)
 
 

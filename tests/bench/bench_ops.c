@@ -1,6 +1,8 @@
 /* bench_ops.c: `make bench-ops`: matmul throughput of the CPU backend on the Qwen3-0.6B shapes
  * (weights read from memory: cycled copies > the caches, and cache-resident), 1 and 16 rows (F16 also 2-6),
- * in GB/s of weights and G(int)op/s, next to the machine limits given on the command line.
+ * in GB/s of weights and G(int)op/s, next to the machine limits given on the command line. The weights
+ * are packed as a loaded model's are (column "layout"), so the rows time the kernels a model runs;
+ * GB/s counts the bytes the kernel reads (a packed Q6_K weight is 31% larger than its blocks).
  * Usage: bench_ops [n_threads (2)] [mem_GBps (34)] [int8_TOPS (1.87)] [n_shapes (all)] [first shape (0)] */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_bench.h"
@@ -26,8 +28,8 @@ int main(int argc, char **argv) {
     backend_caps caps = backend_get_caps(be);
     printf("cpu backend, %d threads, features 0x%x; limits: memory %.1f GB/s, int8 %.2f TOPS\n", nt, caps.cpu_features,
            mem, tops);
-    printf("%-6s %-16s %5s %-5s %9s %9s %9s %8s %7s %8s\n", "type", "shape", "rows", "mem", "ms", "ms min", "GB/s",
-           "%mem", "GOP/s", "x 1 row");
+    printf("%-6s %-16s %-6s %5s %-5s %9s %9s %9s %8s %7s %8s\n", "type", "shape", "layout", "rows", "mem", "ms",
+           "ms min", "GB/s", "%mem", "GOP/s", "x 1 row");
     struct { uint32_t type; int64_t n_in, n_out; } shapes[] = {
         {QUANT_TYPE_Q8_0, 1024, 3072}, {QUANT_TYPE_Q8_0, 3072, 1024}, {QUANT_TYPE_Q8_0, 1024, 151936},
         {QUANT_TYPE_Q4_0, 1024, 3072}, {QUANT_TYPE_Q4_K, 1024, 3072}, {QUANT_TYPE_Q6_K, 1024, 3072},
@@ -63,9 +65,9 @@ int main(int argc, char **argv) {
                 if (rows == 1) ms1 = r.ms;
                 char shape[32];
                 snprintf(shape, sizeof(shape), "%lld->%lld", (long long)shapes[s].n_in, (long long)shapes[s].n_out);
-                printf("%-6s %-16s %5lld %-5s %9.3f %9.3f %9.1f %7.0f%% %7.0f %7.2fx\n",
-                       quant_type_get(shapes[s].type)->name, shape, (long long)rows, cold ? "cold" : "hot", r.ms, r.ms_min,
-                       r.gbps, 100.0 * r.gbps / mem, r.gops, r.ms / ms1);
+                printf("%-6s %-16s %-6s %5lld %-5s %9.3f %9.3f %9.1f %7.0f%% %7.0f %7.2fx\n",
+                       quant_type_get(shapes[s].type)->name, shape, r.packed ? "packed" : "plain", (long long)rows,
+                       cold ? "cold" : "hot", r.ms, r.ms_min, r.gbps, 100.0 * r.gbps / mem, r.gops, r.ms / ms1);
             }
         }
     }

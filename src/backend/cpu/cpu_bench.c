@@ -56,41 +56,58 @@ dfl_status backend_bench_matmul(backend *be, uint32_t wtype, int64_t n_in, int64
     }
     const size_t row = quant_row_size(wtype, n_in);
     const size_t wbytes = row * (size_t)n_out;
+    /* the weight as a model's matmul reads it: packed where the backend packs this type at load
+     * (backend_weight_pack), else the plain rows; stride = the bytes of one copy, 64-aligned */
+    uint8_t *plain = aligned_alloc(64, (wbytes + 63) & ~(size_t)63);
+    if (plain == NULL) return error_set(err, DFL_ERR_NOMEM, "bench matmul: out of memory (%zu bytes of weights)", wbytes);
+    tensor tw0 = tensor_2d(wtype, plain, n_in, n_out);
+    const size_t psize = backend_weight_pack_size(be, &tw0);
+    const size_t copy_bytes = psize > 0 ? psize : wbytes, stride = (copy_bytes + 63) & ~(size_t)63;
     int n_copies = 1;
     if (cold) {
         const size_t target = (size_t)512 << 20;
-        n_copies = (int)((target + wbytes - 1) / wbytes);
+        n_copies = (int)((target + copy_bytes - 1) / copy_bytes);
         if (n_copies < 2) n_copies = 2;
     }
-    uint8_t *w = aligned_alloc(64, ((wbytes * (size_t)n_copies) + 63) & ~(size_t)63);
+    uint8_t *w = aligned_alloc(64, stride * (size_t)n_copies);
+    tensor *tw = malloc((size_t)n_copies * sizeof(tensor));
     float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
     float *y = malloc((size_t)(n_out * n_rows) * sizeof(float));
     double *t = malloc((size_t)n_iter * sizeof(double));
     backend_queue *q = backend_queue_new(be, err);
-    if (w == NULL || x == NULL || y == NULL || t == NULL || q == NULL) {
-        free(w); free(x); free(y); free(t);
+    if (w == NULL || tw == NULL || x == NULL || y == NULL || t == NULL || q == NULL) {
+        free(plain); free(w); free(tw); free(x); free(y); free(t);
         backend_queue_free(q);
-        return error_set(err, DFL_ERR_NOMEM, "bench matmul: out of memory (%zu bytes of weights)", wbytes * (size_t)n_copies);
+        return error_set(err, DFL_ERR_NOMEM, "bench matmul: out of memory (%zu bytes of weights)", stride * (size_t)n_copies);
     }
-    for (int c = 0; c < n_copies; c++) fill_weight(w + wbytes * (size_t)c, wtype, wbytes, 1234u + (unsigned)c);
+    for (int c = 0; c < n_copies; c++) {
+        uint8_t *dst = w + stride * (size_t)c;
+        fill_weight(psize > 0 ? plain : dst, wtype, wbytes, 1234u + (unsigned)c);
+        if (psize > 0) {
+            tw[c] = backend_weight_pack(be, &tw0, dst);
+        } else {
+            tw[c] = tensor_2d(wtype, dst, n_in, n_out);
+        }
+    }
+    free(plain);
     for (int64_t i = 0; i < n_in * n_rows; i++) x[i] = (float)((i * 7919) % 2001 - 1000) * 0.001f;
     tensor tx = tensor_2d(QUANT_TYPE_F32, x, n_in, n_rows);
     tensor ty = tensor_2d(QUANT_TYPE_F32, y, n_out, n_rows);
     for (int it = -2; it < n_iter; it++) {
-        tensor tw = tensor_2d(wtype, w + wbytes * (size_t)((it + 2) % n_copies), n_in, n_out);
         const double t0 = now_ms();
-        op_matmul(q, ty, tw, tx);
+        op_matmul(q, ty, tw[(it + 2) % n_copies], tx);
         backend_queue_synchronize(q);
         if (it >= 0) t[it] = now_ms() - t0;
     }
     qsort(t, (size_t)n_iter, sizeof(double), cmp_double);
     res->ms = t[n_iter / 2];
     res->ms_min = t[0];
-    res->gbps = (double)wbytes / (res->ms * 1e-3) * 1e-9;
+    res->w_bytes = copy_bytes;
+    res->gbps = (double)copy_bytes / (res->ms * 1e-3) * 1e-9;
     res->gops = 2.0 * (double)n_in * (double)n_out * (double)n_rows / (res->ms * 1e-3) * 1e-9;
-    res->w_bytes = wbytes;
     res->n_copies = n_copies;
+    res->packed = psize > 0;
     backend_queue_free(q);
-    free(w); free(x); free(y); free(t);
+    free(w); free(tw); free(x); free(y); free(t);
     return DFL_OK;
 }

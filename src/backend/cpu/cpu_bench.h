@@ -9,13 +9,16 @@ typedef struct backend_bench_result {
     double ms_min;    /* fastest run */
     double gbps;      /* weight bytes read per second (median), GB/s */
     double gops;      /* 2 * n_in * n_out * n_rows per second (median), G/s */
-    size_t w_bytes;   /* bytes of one weight matrix */
+    size_t w_bytes;   /* bytes of one weight matrix as the matmul reads it (packed or plain) */
     int n_copies;     /* weight copies cycled through (cold: > last-level cache) */
+    bool packed;      /* the weight was packed as a model's is at load (backend_weight_pack) */
 } backend_bench_result;
 
 /* Times op_matmul of a random [n_in, n_out] weight of type wtype with n_rows random rows on be,
- * n_iter times after a warm-up. cold: cycle through copies of the weight totalling >= 512 MiB so
- * every run reads it from memory; else the same copy (cache-resident if it fits). */
+ * n_iter times after a warm-up. The weight is packed where be packs that type when it loads a
+ * model (backend_weight_pack: the kernels a model's matmuls run), else used as plain rows.
+ * cold: cycle through copies of the weight totalling >= 512 MiB so every run reads it from
+ * memory; else the same copy (cache-resident if it fits). */
 dfl_status backend_bench_matmul(backend *be, uint32_t wtype, int64_t n_in, int64_t n_out, int64_t n_rows, int n_iter,
                                 bool cold, backend_bench_result *res, dfl_error *err);
 

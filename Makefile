@@ -215,3 +215,11 @@ $(BUILD)/bench_ops: tests/bench/bench_ops.c $(BUILD)/libdflash.a
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libdflash.a $(LDFLAGS) $(LDLIBS)
 bench-ops: $(BUILD)/bench_ops
 	./$(BUILD)/bench_ops $(BENCH_ARGS)
+
+# `make bench-peak`: the int8 vpdpbusd rate with no memory traffic (tests/bench/bench_peak.c).
+.PHONY: bench-peak
+$(BUILD)/bench_peak: tests/bench/bench_peak.c
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_BASE) $(CFLAGS) -o $@ $< -lpthread
+bench-peak: $(BUILD)/bench_peak
+	./$(BUILD)/bench_peak $(BENCH_ARGS)

@@ -86,9 +86,10 @@ TEST(gemm_kq_x16_layout) {
                     bad |= memcmp(R + 2 * i, &b->d, 2) != 0 || R[32 + i] != 0;
                     for (int j = 0; j < 16; j++)
                         bad |= (int8_t)R[CPU_KQ_X16_Q6K_SC + 16 * j + i] != b->scales[j];
-                    for (int e = 0; e < QK_K; e++) {
-                        bad |= R[CPU_KQ_X16_Q6K_W + 64 * (e / 4) + 4 * i + e % 4] != cpu_q6_K_value(b, e) + 32;
-                    }
+                    for (int q = 0; q < 32; q++)
+                        bad |= memcmp(R + CPU_KQ_X16_Q6K_QL + 64 * q + 4 * i, b->ql + 4 * q, 4) != 0;
+                    for (int q = 0; q < 16; q++)
+                        bad |= memcmp(R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, b->qh + 4 * q, 4) != 0;
                 }
                 CHECK_MSG(!bad, "%s: packed row %lld super-block %lld differs from its block",
                           quant_type_get(type)->name, (long long)o, (long long)sb);

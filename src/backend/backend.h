@@ -64,7 +64,7 @@ typedef enum tensor_layout {
     TENSOR_LAYOUT_KQ_X16 = 2,
 } tensor_layout;
 
-/* Bytes of one KQ_X16 record (16 rows, one super-block): Q4_K 2368, Q6_K 4416; 0 for other types. */
+/* Bytes of one KQ_X16 record (16 rows, one super-block): Q4_K 2368, Q6_K 3392; 0 for other types. */
 size_t tensor_kq_x16_record_bytes(uint32_t type);
 
 /* A contiguous n-d view (ne1..ne3 = 1 when absent). ne0 must be a multiple of the block size. */

@@ -2,7 +2,7 @@
  * (weights read from memory: cycled copies > the caches, and cache-resident), 1 and 16 rows (F16 also 2-6),
  * in GB/s of weights and G(int)op/s, next to the machine limits given on the command line. The weights
  * are packed as a loaded model's are (column "layout"), so the rows time the kernels a model runs;
- * GB/s counts the bytes the kernel reads (a packed Q6_K weight is 31% larger than its blocks).
+ * GB/s counts the bytes the kernel reads (a packed weight is up to 3% larger than its blocks).
  * Usage: bench_ops [n_threads (2)] [mem_GBps (34)] [int8_TOPS (1.87)] [n_shapes (all)] [first shape (0)] */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_bench.h"

@@ -115,6 +115,34 @@ T2 INL void q4K_decode2(const uint8_t *const p[8], int64_t sb, kq2_dec *D) {
     }
 }
 
+/* The 64 value vectors of a Q6_K super-block from its ql (dwords 0..31) and qh (dwords 0..15) in
+ * lanes: value 4 v + e of lane i = byte e of D->w[v], q + 32 (0..63). */
+T2 INL void q6K_assemble2(const __m256i ql[32], const __m256i qh[16], kq2_dec *D) {
+    const __m256i low = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(0x30);
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++) {
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) {
+#pragma GCC unroll 8
+            for (int ll = 0; ll < 8; ll++) {
+                /* values 128 n + 32 s + 4 ll: ql dword 16 n + 8 (s & 1) + ll, nibble s >> 1; qh
+                 * dword 8 n + ll, bits 2 s, 2 s + 1 */
+                const __m256i l4 = ql[16 * n + 8 * (s & 1) + ll];
+                const __m256i lo4 = s >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l4, 4), low) : _mm256_and_si256(l4, low);
+                const __m256i hv = qh[8 * n + ll];
+                __m256i h2;
+                switch (s) {
+                case 0: h2 = _mm256_slli_epi16(hv, 4); break;
+                case 1: h2 = _mm256_slli_epi16(hv, 2); break;
+                case 2: h2 = hv; break;
+                default: h2 = _mm256_srli_epi16(hv, 2); break;
+                }
+                D->w[32 * n + 8 * s + ll] = _mm256_or_si256(lo4, _mm256_and_si256(h2, hmask));
+            }
+        }
+    }
+}
+
 T2 INL void q6K_decode2(const uint8_t *const p[8], int64_t sb, kq2_dec *D) {
     const size_t base = (size_t)sb * sizeof(block_q6_K);
     D->d = f16_lanes(p, base + offsetof(block_q6_K, d));
@@ -139,29 +167,7 @@ T2 INL void q6K_decode2(const uint8_t *const p[8], int64_t sb, kq2_dec *D) {
     for (int i = 0; i < 4; i++) load_t8(p, base + offsetof(block_q6_K, ql) + 32 * (size_t)i, ql + 8 * i);
 #pragma GCC unroll 2
     for (int i = 0; i < 2; i++) load_t8(p, base + offsetof(block_q6_K, qh) + 32 * (size_t)i, qh + 8 * i);
-    const __m256i low = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(0x30);
-#pragma GCC unroll 2
-    for (int n = 0; n < 2; n++) {
-#pragma GCC unroll 4
-        for (int s = 0; s < 4; s++) {
-#pragma GCC unroll 8
-            for (int ll = 0; ll < 8; ll++) {
-                /* values 128 n + 32 s + 4 ll: ql dword 16 n + 8 (s & 1) + ll, nibble s >> 1; qh
-                 * dword 8 n + ll, bits 2 s, 2 s + 1 */
-                const __m256i l4 = ql[16 * n + 8 * (s & 1) + ll];
-                const __m256i lo4 = s >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l4, 4), low) : _mm256_and_si256(l4, low);
-                const __m256i hv = qh[8 * n + ll];
-                __m256i h2;
-                switch (s) {
-                case 0: h2 = _mm256_slli_epi16(hv, 4); break;
-                case 1: h2 = _mm256_slli_epi16(hv, 2); break;
-                case 2: h2 = hv; break;
-                default: h2 = _mm256_srli_epi16(hv, 2); break;
-                }
-                D->w[32 * n + 8 * s + ll] = _mm256_or_si256(lo4, _mm256_and_si256(h2, hmask));
-            }
-        }
-    }
+    q6K_assemble2(ql, qh, D);
 }
 
 /* The same decodes from half h (rows 8 h .. 8 h + 7) of a KQ_X16 record (cpu_pack.c): the lanes
@@ -188,8 +194,12 @@ T2 INL void kq_decode2_x16(const uint8_t *R, const int Q6, int h, kq2_dec *D) {
             const __m256i nb = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * q + 1], 5));
             D->mp[q] = _mm256_or_si256(_mm256_and_si256(na, lo16), _mm256_slli_epi32(nb, 16));
         }
-#pragma GCC unroll 64
-        for (int v = 0; v < 64; v++) D->w[v] = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_Q6K_W + 64 * v + 32 * h));
+        __m256i ql[32], qh[16];
+#pragma GCC unroll 32
+        for (int q = 0; q < 32; q++) ql[q] = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_Q6K_QL + 64 * q + 32 * h));
+#pragma GCC unroll 16
+        for (int q = 0; q < 16; q++) qh[q] = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_Q6K_QH + 64 * q + 32 * h));
+        q6K_assemble2(ql, qh, D);
         return;
     }
 #pragma GCC unroll 8

@@ -33,7 +33,6 @@
 /* One super-block of a group of 16 weight rows; lane i = weight row i of the group. */
 typedef struct kq_dec {
     __m512i w[64];  /* w[v]: values 4v .. 4v+3 (unsigned bytes: Q4_K 0..15, Q6_K 0..63) */
-    const __m512i *wp; /* the w the rows read: w, or the same vectors in a packed Q6_K record */
     __m512i sc[16]; /* sub-block scales as int32: Q4_K 0..7 (6-bit), Q6_K 0..15 (int8) */
     __m512i mp[8];  /* int16 pairs against sums-of-16 pairs: Q4_K (m_j, m_j); Q6_K -32 (sc_2p, sc_2p+1) */
     __m512 d, dmin; /* f16 d (and Q4_K dmin) as f32 */
@@ -109,7 +108,6 @@ T512 INL __m512i byte_of(__m512i v, int b) { return _mm512_and_si512(_mm512_srli
 /* Super-block sb of the rows p[i] (Q4_K). */
 T512 INL void q4K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
     const size_t base = (size_t)sb * sizeof(block_q4_K);
-    D->wp = D->w;
     __m512i h[4];
     heads16(p, base, h); /* h[0] = d | dmin << 16, h[1..3] = scales */
     D->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0]));
@@ -155,24 +153,9 @@ T512 INL void q6K_offsets(kq_dec *D) {
     }
 }
 
-/* Super-block sb of the rows p[i] (Q6_K). */
-T512 INL void q6K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
-    const size_t base = (size_t)sb * sizeof(block_q6_K);
-    D->wp = D->w;
-    uint16_t dh[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++) memcpy(&dh[i], p[i] + base + offsetof(block_q6_K, d), 2);
-    D->d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
-    D->dmin = _mm512_setzero_ps();
-    __m512i h[4];
-    heads16(p, base + offsetof(block_q6_K, scales), h);
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; j++) D->sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(h[j / 4], 24 - 8 * (j % 4)), 24);
-    q6K_offsets(D);
-    __m512i ql[32], qh[16];
-    load_t16(p, base + offsetof(block_q6_K, ql), ql);
-    load_t16(p, base + offsetof(block_q6_K, ql) + 64, ql + 16);
-    load_t16(p, base + offsetof(block_q6_K, qh), qh);
+/* The 64 value vectors of a Q6_K super-block from its ql (dwords 0..31) and qh (dwords 0..15) in
+ * lanes: value 4 v + e of lane i = byte e of D->w[v], q + 32 (0..63). */
+T512 INL void q6K_assemble(const __m512i ql[32], const __m512i qh[16], kq_dec *D) {
     const __m512i low = _mm512_set1_epi8(0x0f), hmask = _mm512_set1_epi8(0x30);
 #pragma GCC unroll 2
     for (int n = 0; n < 2; n++) {
@@ -192,16 +175,35 @@ T512 INL void q6K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
                 case 2: h2 = hv; break;
                 default: h2 = _mm512_srli_epi16(hv, 2); break;
                 }
-                D->w[32 * n + 8 * s + ll] = _mm512_or_si512(lo4, _mm512_and_si512(h2, hmask));
+                D->w[32 * n + 8 * s + ll] = _mm512_ternarylogic_epi32(lo4, h2, hmask, 0xF8); /* lo4 | (h2 & hmask) */
             }
         }
     }
 }
 
+/* Super-block sb of the rows p[i] (Q6_K). */
+T512 INL void q6K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
+    const size_t base = (size_t)sb * sizeof(block_q6_K);
+    uint16_t dh[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) memcpy(&dh[i], p[i] + base + offsetof(block_q6_K, d), 2);
+    D->d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
+    D->dmin = _mm512_setzero_ps();
+    __m512i h[4];
+    heads16(p, base + offsetof(block_q6_K, scales), h);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) D->sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(h[j / 4], 24 - 8 * (j % 4)), 24);
+    q6K_offsets(D);
+    __m512i ql[32], qh[16];
+    load_t16(p, base + offsetof(block_q6_K, ql), ql);
+    load_t16(p, base + offsetof(block_q6_K, ql) + 64, ql + 16);
+    load_t16(p, base + offsetof(block_q6_K, qh), qh);
+    q6K_assemble(ql, qh, D);
+}
+
 /* The same decodes from a KQ_X16 record (cpu_pack.c), whose lanes are already row by row: loads,
- * byte widening and nibble masks only, the same D. */
+ * byte widening, nibble masks and (Q6_K) the bit assembly, no transposes; the same D. */
 T512 INL void q4K_decode_x16(const uint8_t *R, kq_dec *D) {
-    D->wp = D->w;
     const __m512i h0 = _mm512_load_si512(R);
     D->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0));
     D->dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h0, 16)));
@@ -229,7 +231,12 @@ T512 INL void q6K_decode_x16(const uint8_t *R, kq_dec *D) {
         D->sc[j] = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * j)));
     }
     q6K_offsets(D);
-    D->wp = (const __m512i *)(R + CPU_KQ_X16_Q6K_W); /* the 64 value vectors, as q6K_decode builds them */
+    __m512i ql[32], qh[16];
+#pragma GCC unroll 32
+    for (int q = 0; q < 32; q++) ql[q] = _mm512_load_si512(R + CPU_KQ_X16_Q6K_QL + 64 * q);
+#pragma GCC unroll 16
+    for (int q = 0; q < 16; q++) qh[q] = _mm512_load_si512(R + CPU_KQ_X16_Q6K_QH + 64 * q);
+    q6K_assemble(ql, qh, D);
 }
 
 /* ---- the row tiles ---------------------------------------------------------------------------- */
@@ -268,7 +275,7 @@ T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t
         const int8_t *xj = x0 + 4 * per * j;
 #pragma GCC unroll 8
         for (int k = 0; k < per; k++) {
-            __m512i wv = D->wp[per * j + k];
+            __m512i wv = D->w[per * j + k];
             __asm__("" : "+v"(wv)); /* one load, NT uses */
 #pragma GCC unroll 8
             for (int r = 0; r < NT; r++) dot[r] = _mm512_dpbusd_epi32(dot[r], wv, bcast32(xj + r * act->n_in + 4 * k));

@@ -159,14 +159,15 @@ tensor cpu_weight_packed_view(const cpu_kernels *k, const tensor *w, void *dst);
 /* KQ_X16 record offsets (lane i = row i of the group; tensor_kq_x16_record_bytes in all):
  * Q4_K: [0, 64) d | dmin << 16 per lane; SC + 16 j + i, M + 16 j + i: sub-block j's 6-bit scale and
  * min (j < 8); QS + 64 q + 4 i: qs dword q (q < 32).
- * Q6_K: [0, 32) d (f16) per lane; SC + 16 j + i: scale j (int8, j < 16); W + 64 v + 4 i + e: value
- * 4 v + e as an unsigned byte (q + 32, 0..63; v < 64): the 6 bits assembled at packing time (a third
- * more bytes than ql + qh, and no bit assembly per matmul). */
+ * Q6_K: [0, 32) d (f16) per lane; SC + 16 j + i: scale j (int8, j < 16); QL + 64 q + 4 i: ql dword q
+ * (q < 32); QH + 64 q + 4 i: qh dword q (q < 16): the block's bits, only moved into lanes (the
+ * kernels assemble the 6-bit values as the plain Q6_K decode does). */
 #define CPU_KQ_X16_Q4K_SC 64
 #define CPU_KQ_X16_Q4K_M 192
 #define CPU_KQ_X16_Q6K_SC 64
 #define CPU_KQ_X16_QS 320
-#define CPU_KQ_X16_Q6K_W 320
+#define CPU_KQ_X16_Q6K_QL 320
+#define CPU_KQ_X16_Q6K_QH 2368
 /* Q4_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes (ggml's
  * get_scale_min_k4). */
 void cpu_q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m);

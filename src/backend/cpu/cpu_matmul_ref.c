@@ -208,12 +208,16 @@ void cpu_matmul_kq_x16_ref(uint32_t wtype, const void *w, size_t w_nb1, const cp
                     for (int q = 0; q < QK_K / 8; q++) memcpy(qs + 4 * q, R + CPU_KQ_X16_QS + 64 * q + 4 * i, 4);
                     sum += dot_q4_K_sb(d, dmin, sc, m, qs, act, r, b);
                 } else {
-                    uint16_t d;
-                    int8_t scales[16], vals[QK_K];
-                    memcpy(&d, R + 2 * i, 2);
-                    for (int j = 0; j < 16; j++) scales[j] = (int8_t)R[CPU_KQ_X16_Q6K_SC + 16 * j + i];
-                    for (int e = 0; e < QK_K; e++) vals[e] = (int8_t)(R[CPU_KQ_X16_Q6K_W + 64 * (e / 4) + 4 * i + e % 4] - 32);
-                    sum += dot_q6_K_sb(d, scales, vals, act, r, b);
+                    /* the row's block back from its lane, then its values as the plain path reads them */
+                    block_q6_K blk;
+                    memset(&blk, 0, sizeof(blk));
+                    memcpy(&blk.d, R + 2 * i, 2);
+                    for (int j = 0; j < 16; j++) blk.scales[j] = (int8_t)R[CPU_KQ_X16_Q6K_SC + 16 * j + i];
+                    for (int q = 0; q < QK_K / 8; q++) memcpy(blk.ql + 4 * q, R + CPU_KQ_X16_Q6K_QL + 64 * q + 4 * i, 4);
+                    for (int q = 0; q < QK_K / 16; q++) memcpy(blk.qh + 4 * q, R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, 4);
+                    int8_t vals[QK_K];
+                    cpu_q6_K_values(&blk, vals);
+                    sum += dot_q6_K_sb(blk.d, blk.scales, vals, act, r, b);
                 }
             }
             dst[r * ds + o] = (float)sum;

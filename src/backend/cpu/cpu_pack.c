@@ -7,10 +7,9 @@
  *   bytes (32 extra bytes for an odd number of groups).
  * - TENSOR_LAYOUT_KQ_X16: Q4_K / Q6_K rows in groups of 16, one record per super-block with row i
  *   of the group in 32-bit lane i: the f16 scales, the 6-bit (Q4_K) or int8 (Q6_K) sub-block scales
- *   one byte per row, and the quants: Q4_K's nibbles dword by dword, Q6_K's 6-bit values assembled
- *   into bytes (record offsets in cpu_internal.h and docs/quantization.md). The kernels load the
- *   lanes they decoded with 16x16 transposes before. Q4_K records are 3% larger than the blocks,
- *   Q6_K records 31% (the price of no bit assembly in decode, where Q6_K was compute-bound).
+ *   one byte per row, and the quants dword by dword (Q4_K's qs; Q6_K's ql and qh) (record offsets
+ *   in cpu_internal.h and docs/quantization.md). The kernels load the lanes they decoded with 16x16
+ *   transposes before. Q4_K records are 3% larger than the blocks, Q6_K records 1%.
  * Packed weights give the same bits as plain ones (the kernels do the same integer and f32
  * operations on the same values). A type is packed only where the level has a kernel for it:
  * Q8_0 at every level, Q4_K / Q6_K at AVX2 and AVX-512. */
@@ -81,12 +80,8 @@ static void pack_kq_record(uint8_t *R, uint32_t type, const uint8_t *const rows[
             const block_q6_K *b = (const block_q6_K *)rows[i] + sb;
             memcpy(R + 2 * i, &b->d, 2);
             for (int j = 0; j < 16; j++) R[CPU_KQ_X16_Q6K_SC + 16 * j + i] = (uint8_t)b->scales[j];
-            int8_t v[QK_K];
-            cpu_q6_K_values(b, v);
-            for (int e = 0; e < QK_K; e += 4) {
-                uint8_t *o = R + CPU_KQ_X16_Q6K_W + 16 * e + 4 * i; /* values e .. e+3, + 32 */
-                for (int t = 0; t < 4; t++) o[t] = (uint8_t)(v[e + t] + 32);
-            }
+            for (int q = 0; q < QK_K / 8; q++) memcpy(R + CPU_KQ_X16_Q6K_QL + 64 * q + 4 * i, b->ql + 4 * q, 4);
+            for (int q = 0; q < QK_K / 16; q++) memcpy(R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, b->qh + 4 * q, 4);
         }
     }
 }

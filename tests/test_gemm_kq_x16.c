@@ -90,6 +90,11 @@ TEST(gemm_kq_x16_layout) {
                         bad |= memcmp(R + CPU_KQ_X16_Q6K_QL + 64 * q + 4 * i, b->ql + 4 * q, 4) != 0;
                     for (int q = 0; q < 16; q++)
                         bad |= memcmp(R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, b->qh + 4 * q, 4) != 0;
+                    /* the reference's whole-block decode (what the x16 reference reads) against its
+                     * element-wise one */
+                    int8_t v[QK_K];
+                    cpu_q6_K_values(b, v);
+                    for (int e = 0; e < QK_K; e++) bad |= v[e] != cpu_q6_K_value(b, e);
                 }
                 CHECK_MSG(!bad, "%s: packed row %lld super-block %lld differs from its block",
                           quant_type_get(type)->name, (long long)o, (long long)sb);

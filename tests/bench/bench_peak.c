@@ -71,7 +71,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_peak: this CPU has no AVX-512 VNNI\n");
         return 1;
     }
-    for (int n = 1; n <= nth; n = n == nth ? nth + 1 : (n * 2 < nth ? n * 2 : nth)) {
+    for (int n = 1; n <= nth; n = n == 1 && nth > 1 ? nth : nth + 1) { /* 1 thread, then nth */
         const double tops = peak_tops(n, iters);
         if (tops < 0) {
             fprintf(stderr, "bench_peak: cannot start %d threads\n", n);

@@ -63,6 +63,10 @@ dfl_status backend_bench_matmul(backend *be, uint32_t wtype, int64_t n_in, int64
     tensor tw0 = tensor_2d(wtype, plain, n_in, n_out);
     const size_t psize = backend_weight_pack_size(be, &tw0);
     const size_t copy_bytes = psize > 0 ? psize : wbytes, stride = (copy_bytes + 63) & ~(size_t)63;
+    if (psize == 0) { /* plain copies are filled in place */
+        free(plain);
+        plain = NULL;
+    }
     int n_copies = 1;
     if (cold) {
         const size_t target = (size_t)512 << 20;

@@ -231,12 +231,8 @@ T512 INL void q6K_decode_x16(const uint8_t *R, kq_dec *D) {
         D->sc[j] = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * j)));
     }
     q6K_offsets(D);
-    __m512i ql[32], qh[16];
-#pragma GCC unroll 32
-    for (int q = 0; q < 32; q++) ql[q] = _mm512_load_si512(R + CPU_KQ_X16_Q6K_QL + 64 * q);
-#pragma GCC unroll 16
-    for (int q = 0; q < 16; q++) qh[q] = _mm512_load_si512(R + CPU_KQ_X16_Q6K_QH + 64 * q);
-    q6K_assemble(ql, qh, D);
+    /* the record's ql / qh vectors are the transposes' output already (64-byte aligned) */
+    q6K_assemble((const __m512i *)(R + CPU_KQ_X16_Q6K_QL), (const __m512i *)(R + CPU_KQ_X16_Q6K_QH), D);
 }
 
 /* ---- the row tiles ---------------------------------------------------------------------------- */

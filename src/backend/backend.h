@@ -98,6 +98,7 @@ typedef enum backend_cpu_feature {
     BACKEND_CPU_FEATURE_AVX512 = 1u << 1,      /* avx512 f + bw + vl */
     BACKEND_CPU_FEATURE_AVX512_VNNI = 1u << 2, /* avx512 vnni (vpdpbusd) */
     BACKEND_CPU_FEATURE_AVX512_BF16 = 1u << 3, /* avx512 bf16 (vdpbf16ps) */
+    BACKEND_CPU_FEATURE_AMX_INT8 = 1u << 4,    /* amx tile + int8, with the OS's permission (Linux) */
 } backend_cpu_feature;
 
 typedef struct backend_cpu_params {

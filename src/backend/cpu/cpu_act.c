@@ -273,6 +273,11 @@ void cpu_kernels_select(cpu_kernels *k, uint32_t features) {
         cpu_kernels_init_avx512(k);
         cpu_kernels_init_ext_avx512(k);
     }
+    if ((features & BACKEND_CPU_FEATURE_AVX512) && (features & BACKEND_CPU_FEATURE_AVX512_VNNI) &&
+        (features & BACKEND_CPU_FEATURE_AMX_INT8)) {
+        k->matmul_packed[QUANT_TYPE_Q4_K] = cpu_mm_q4_K_x16_amx;
+        k->name = "avx512+amx";
+    }
 #else
     (void)features;
 #endif

@@ -1,6 +1,8 @@
 /* bench_peak.c: `make bench-peak`: the int8 multiply rate this CPU gives the matmul kernels'
- * instruction, AVX-512 VNNI vpdpbusd on zmm registers, with no memory traffic: 24 independent
- * accumulator chains per thread (enough to cover its latency), 1 thread and then n threads.
+ * instruction, with no memory traffic: AVX-512 VNNI vpdpbusd on zmm registers where the CPU has
+ * it, else the AVX2 kernels' pair vpmaddubsw + vpaddw on ymm registers (u8 x s8 products summed
+ * in int16, as the AVX2 K-quant kernels do over a sub-block); 24 independent accumulator chains
+ * per thread (enough to cover the latency), 1 thread and then n threads.
  * The figure is the ceiling the batch rows of `dflash bench` are compared with (the results files
  * in bench/results/); it moves with the clock of a shared VM, so take the best of a few runs.
  * Usage: bench_peak [n_threads (2)] [iterations per thread (20000000)] */
@@ -42,21 +44,39 @@ __attribute__((target("avx512f,avx512vnni"))) static void *peak_run(void *arg) {
     return NULL;
 }
 
-/* int8 ops (2 per multiply-add) per second of nth threads, in TOPS; < 0 when a thread fails */
-static double peak_tops(int nth, int64_t iters) {
+/* The AVX2 ceiling: 32 u8 x s8 multiply-adds per vpmaddubsw, summed in int16 with vpaddw. */
+__attribute__((target("avx2"))) static void *peak_run_avx2(void *arg) {
+    peak_job *job = arg;
+    __m256i acc[PEAK_CHAINS];
+    for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm256_set1_epi16((short)i);
+    __m256i w = _mm256_set1_epi8(1), x = _mm256_set1_epi8(2);
+    for (int64_t it = 0; it < job->iters; it++) {
+#pragma GCC unroll 24
+        for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm256_add_epi16(acc[i], _mm256_maddubs_epi16(w, x));
+        __asm__("" : "+x"(w)); /* not hoisted */
+    }
+    int32_t s = 0;
+    for (int i = 0; i < PEAK_CHAINS; i++) s += _mm256_extract_epi16(acc[i], 0);
+    job->sum = s;
+    return NULL;
+}
+
+/* int8 ops (2 per multiply-add) per second of nth threads, in TOPS; < 0 when a thread fails.
+ * macs: multiply-adds per instruction (64 for vpdpbusd zmm, 32 for vpmaddubsw ymm). */
+static double peak_tops(int nth, int64_t iters, void *(*run)(void *), double macs) {
     pthread_t th[256];
     peak_job jobs[256];
     const double t0 = now_s();
     int started = 0;
     for (int i = 0; i < nth; i++) {
         jobs[i].iters = iters;
-        if (pthread_create(&th[i], NULL, peak_run, &jobs[i]) != 0) break;
+        if (pthread_create(&th[i], NULL, run, &jobs[i]) != 0) break;
         started++;
     }
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     if (started != nth) return -1.0;
     const double dt = now_s() - t0;
-    return (double)nth * (double)iters * PEAK_CHAINS * 64.0 * 2.0 / dt * 1e-12;
+    return (double)nth * (double)iters * PEAK_CHAINS * macs * 2.0 / dt * 1e-12;
 }
 
 int main(int argc, char **argv) {
@@ -67,18 +87,19 @@ int main(int argc, char **argv) {
         return 2;
     }
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512vnni")) {
-        fprintf(stderr, "bench_peak: this CPU has no AVX-512 VNNI\n");
+    const int vnni = __builtin_cpu_supports("avx512vnni");
+    if (!vnni && !__builtin_cpu_supports("avx2")) {
+        fprintf(stderr, "bench_peak: this CPU has neither AVX-512 VNNI nor AVX2\n");
         return 1;
     }
     for (int n = 1; n <= nth; n = n == 1 && nth > 1 ? nth : nth + 1) { /* 1 thread, then nth */
-        const double tops = peak_tops(n, iters);
+        const double tops = vnni ? peak_tops(n, iters, peak_run, 64.0) : peak_tops(n, iters, peak_run_avx2, 32.0);
         if (tops < 0) {
             fprintf(stderr, "bench_peak: cannot start %d threads\n", n);
             return 1;
         }
-        printf("vpdpbusd zmm, %d chains per thread, %d thread%s: %.3f int8 TOPS\n", PEAK_CHAINS, n, n == 1 ? "" : "s",
-               tops);
+        printf("%s, %d chains per thread, %d thread%s: %.3f int8 TOPS\n",
+               vnni ? "vpdpbusd zmm" : "vpmaddubsw + vpaddw ymm (no VNNI)", PEAK_CHAINS, n, n == 1 ? "" : "s", tops);
     }
     return 0;
 }

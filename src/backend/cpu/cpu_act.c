@@ -268,6 +268,7 @@ void cpu_kernels_select(cpu_kernels *k, uint32_t features) {
     if (features & BACKEND_CPU_FEATURE_AVX2) {
         cpu_kernels_init_avx2(k);
         cpu_kernels_init_ext_avx2(k);
+        cpu_kernels_init_light_avx2(k);
     }
     if ((features & BACKEND_CPU_FEATURE_AVX512) && (features & BACKEND_CPU_FEATURE_AVX512_VNNI)) {
         cpu_kernels_init_avx512(k);

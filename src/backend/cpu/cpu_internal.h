@@ -208,6 +208,8 @@ double cpu_dot_row_ext_ref(uint32_t wtype, const void *wrow, const cpu_act *act,
 /* Kernel entries of those types, set after the matching cpu_kernels_init_* (cpu_kernels_ext_*.c). */
 void cpu_kernels_init_ext_ref(cpu_kernels *k);
 void cpu_kernels_init_ext_avx2(cpu_kernels *k);
+/* The AVX2 light-op row kernels (cpu_ops_avx2.c). */
+void cpu_kernels_init_light_avx2(cpu_kernels *k);
 void cpu_kernels_init_ext_avx512(cpu_kernels *k);
 
 /* ---- the backend object ------------------------------------------------------------------ */

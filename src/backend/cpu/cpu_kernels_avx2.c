@@ -12,6 +12,7 @@
  * - F32 / F16 / BF16: cpu_gemm_float_avx2.c. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_decode_ext.h" /* dx_transpose8 */
+#include "backend/cpu/cpu_exp_avx2.h"
 #include "base/fp16.h"
 
 #if defined(__x86_64__)
@@ -347,38 +348,75 @@ T2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
     for (; i < n; i++) y[i] += a * fp16_to_fp32(x[i]);
 }
 
-/* Attention P V: one output row at a time, the value rows accumulated in order (axpy). */
-T2 static void attn_pv_f16_avx2(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
-                                size_t v_nb, int64_t n_kv, int64_t hd) {
-    for (int64_t r = 0; r < nq; r++) {
-        float *o = out + r * ldo;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int64_t j = 0; j < n_kv; j++) {
-            if (p[r * ldp + j] == 0.0f) continue; /* masked keys add nothing, even when v is inf */
-            axpy_f16_avx2(o, p[r * ldp + j], (const uint16_t *)((const char *)v + (size_t)j * v_nb), hd);
+/* Attention P V, out[r] (columns i0 .. i0 + 8 NC) = sum over j ascending of p[r][j] * v_j, for NR
+ * query rows at once: each value vector is converted once for NR rows (the AVX-512 kernel's tile
+ * on 8 lanes; 6 x 2 accumulators + 2 values + the broadcast fit the 16 ymm registers). */
+T2 INL void pv_tile2(float *out, int64_t ldo, const float *p, int64_t ldp, const int NR, const void *v, size_t v_nb,
+                     int64_t n_kv, int64_t i0, const int NC) {
+    __m256 acc[6][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) {
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();
+    }
+    for (int64_t j = 0; j < n_kv; j++) {
+        const uint16_t *vr = (const uint16_t *)((const char *)v + (size_t)j * v_nb) + i0;
+        __m256 vv[2];
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; c++) vv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + 8 * c)));
+#pragma GCC unroll 6
+        for (int r = 0; r < NR; r++) {
+            const float pr = p[r * ldp + j];
+            if (pr == 0.0f) continue; /* a masked key adds nothing, even where its value is inf */
+            const __m256 pb = _mm256_set1_ps(pr);
+#pragma GCC unroll 2
+            for (int c = 0; c < NC; c++) acc[r][c] = _mm256_fmadd_ps(pb, vv[c], acc[r][c]);
         }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) {
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + r * ldo + i0 + 8 * c, acc[r][c]);
     }
 }
 
-/* e^x for x <= 0 (after max subtraction): x = n ln2 + r, degree-7 Taylor polynomial for e^r, 2^n
- * built in the exponent field; x < -87 (2^n below the normal range) gives 0. */
-T2 INL __m256 exp_neg_avx2(__m256 x) {
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), ok);
+#define PV_ROWS_SWITCH(NR_VAR, NC)                                                              \
+    switch (NR_VAR) {                                                                           \
+    case 1: pv_tile2(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, NC); break;                         \
+    case 2: pv_tile2(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, NC); break;                         \
+    case 3: pv_tile2(o, ldo, pr, ldp, 3, v, v_nb, n_kv, i0, NC); break;                         \
+    case 4: pv_tile2(o, ldo, pr, ldp, 4, v, v_nb, n_kv, i0, NC); break;                         \
+    case 5: pv_tile2(o, ldo, pr, ldp, 5, v, v_nb, n_kv, i0, NC); break;                         \
+    default: pv_tile2(o, ldo, pr, ldp, 6, v, v_nb, n_kv, i0, NC); break;                        \
+    }
+
+/* Columns in tiles of 16, then 8; a last hd % 8 columns one value at a time (same fma order). */
+T2 static void attn_pv_f16_avx2(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
+                                size_t v_nb, int64_t n_kv, int64_t hd) {
+    for (int64_t r0 = 0; r0 < nq; r0 += 6) {
+        const int nr = nq - r0 >= 6 ? 6 : (int)(nq - r0);
+        float *o = out + r0 * ldo;
+        const float *pr = p + r0 * ldp;
+        int64_t i0 = 0;
+        for (; i0 + 16 <= hd; i0 += 16) PV_ROWS_SWITCH(nr, 2)
+        if (i0 + 8 <= hd) {
+            PV_ROWS_SWITCH(nr, 1)
+            i0 += 8;
+        }
+        for (; i0 < hd; i0++) {
+            for (int r = 0; r < nr; r++) {
+                float a = 0.0f;
+                for (int64_t j = 0; j < n_kv; j++) {
+                    const float pj = pr[r * ldp + j];
+                    if (pj == 0.0f) continue;
+                    a = fmaf(pj, fp16_to_fp32(((const uint16_t *)((const char *)v + (size_t)j * v_nb))[i0]), a);
+                }
+                o[r * ldo + i0] = a;
+            }
+        }
+    }
 }
+#undef PV_ROWS_SWITCH
 
 T2 static void softmax_row_avx2(float *p, const float *s, int64_t n) {
     float max = -INFINITY;

@@ -26,6 +26,8 @@
 #define KQ2_W 8       /* weight rows per group (one per 32-bit lane) */
 #define KQ2_NT 4      /* activation rows per register tile */
 #define KQ2_RCHUNK 64 /* activation rows per sweep over a decoded super-block */
+#define KQ2_PF 2        /* X16: records prefetched ahead */
+#define KQ2_FUSED_MAX 4 /* packed weights, at most this many rows: kq2_fused_rows */
 
 /* One super-block of a group of 8 weight rows; lane i = weight row i of the group. */
 typedef struct kq2_dec {
@@ -277,6 +279,130 @@ T2 INL void kq2_rows(const kq2_dec *D, const int Q6, const cpu_act *act, int64_t
     }
 }
 
+/* The few-row path for packed weights: half h of a KQ_X16 record is decoded in registers and
+ * multiplied at once with NT <= 4 activation rows (no kq2_dec round trip through L1, which costs
+ * more than the products when few rows share it: decode steps, verify of a few drafts). The
+ * int32 sums S and M are the exact integers kq2_rows forms, so the bits are the same. */
+T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act *act, int64_t sb, int64_t r0,
+                           const int NT, float *acc) {
+    const int8_t *x0 = act->qs + r0 * act->n_in + sb * QK_K; /* row r at + r * n_in */
+    const int64_t n = act->n_in;
+    __m256i S[KQ2_NT], M[KQ2_NT];
+#pragma GCC unroll 4
+    for (int r = 0; r < NT; r++) S[r] = M[r] = _mm256_setzero_si256();
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    __m256 d, dmin = _mm256_setzero_ps();
+    if (Q6) {
+        d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(R + 16 * h)));
+        const __m256i hmask = _mm256_set1_epi8(0x30);
+#pragma GCC unroll 1
+        for (int n2 = 0; n2 < 2; n2++) {
+#pragma GCC unroll 1
+            for (int q = 0; q < 4; q++) { /* values 128 n2 + 32 q + 4 ll, ll < 8 (as q6K_assemble2) */
+                /* (sc, sc) int16 pairs of the two scales 8 n2 + 2 q + e of these values, per lane */
+                __m256i scp[2];
+#pragma GCC unroll 2
+                for (int e = 0; e < 2; e++) {
+                    const __m128i b8 =
+                        _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (8 * n2 + 2 * q + e) + 8 * h));
+                    scp[e] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b8, b8));
+                }
+#pragma GCC unroll 4
+                for (int t = 0; t < 4; t++) { /* value vectors v0 = 32 n2 + 8 q + 2 t and v0 + 1 */
+                    __m256i w2[2];
+#pragma GCC unroll 2
+                    for (int u = 0; u < 2; u++) {
+                        const int ll = 2 * t + u;
+                        const __m256i qh =
+                            _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_Q6K_QH + 64 * (8 * n2 + ll) + 32 * h));
+                        const __m256i l4 = _mm256_loadu_si256(
+                            (const __m256i *)(R + CPU_KQ_X16_Q6K_QL + 64 * (16 * n2 + 8 * (q & 1) + ll) + 32 * h));
+                        const __m256i lo4 = q >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l4, 4), low) : _mm256_and_si256(l4, low);
+                        __m256i h2;
+                        switch (q) {
+                        case 0: h2 = _mm256_slli_epi16(qh, 4); break;
+                        case 1: h2 = _mm256_slli_epi16(qh, 2); break;
+                        case 2: h2 = qh; break;
+                        default: h2 = _mm256_srli_epi16(qh, 2); break;
+                        }
+                        w2[u] = _mm256_or_si256(lo4, _mm256_and_si256(h2, hmask));
+                    }
+                    const int v0 = 32 * n2 + 8 * q + 2 * t;
+#pragma GCC unroll 4
+                    for (int r = 0; r < NT; r++) {
+                        const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w2[0], bcast32_2(x0 + r * n + 4 * v0)),
+                                                             _mm256_maddubs_epi16(w2[1], bcast32_2(x0 + r * n + 4 * v0 + 4)));
+                        S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16, scp[t / 2]));
+                    }
+                }
+            }
+        }
+    } else {
+        /* [0, 64): d | dmin << 16 per lane; half h = bytes 32 h .. 32 h + 31 */
+        const __m256i dd = _mm256_loadu_si256((const __m256i *)(R + 32 * h));
+        const __m256i ctl = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12,
+                                             13, 2, 3, 6, 7, 10, 11, 14, 15);
+        const __m256i g = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(dd, ctl), 0xd8); /* d0..7 | dmin0..7 */
+        d = _mm256_cvtph_ps(_mm256_castsi256_si128(g));
+        dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(g, 1));
+#pragma GCC unroll 1
+        for (int c2 = 0; c2 < 4; c2++) { /* qs dwords 8 c2 + kk: values 64 c2 + 4 kk (low), + 32 (high) */
+            __m256i s16[2][KQ2_NT];
+#pragma GCC unroll 8
+            for (int kk = 0; kk < 8; kk++) {
+                const __m256i c = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_QS + 64 * (8 * c2 + kk) + 32 * h));
+                const __m256i lo = _mm256_and_si256(c, low), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), low);
+#pragma GCC unroll 4
+                for (int r = 0; r < NT; r++) {
+                    const int8_t *xr = x0 + r * n + 64 * c2 + 4 * kk;
+                    const __m256i pl = _mm256_maddubs_epi16(lo, bcast32_2(xr));
+                    const __m256i ph = _mm256_maddubs_epi16(hi, bcast32_2(xr + 32));
+                    s16[0][r] = kk == 0 ? pl : _mm256_add_epi16(s16[0][r], pl);
+                    s16[1][r] = kk == 0 ? ph : _mm256_add_epi16(s16[1][r], ph);
+                }
+            }
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                const int j = 2 * c2 + e;
+                const __m128i b8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q4K_SC + 16 * j + 8 * h));
+                const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b8, b8)); /* (sc, sc) pairs */
+#pragma GCC unroll 4
+                for (int r = 0; r < NT; r++) S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16[e][r], sc));
+            }
+        }
+    }
+    /* mins (Q4_K: m_q (bs_2q + bs_2q+1)) or the -32 offset (Q6_K: -32 sc (bs_2q, bs_2q+1)) */
+#pragma GCC unroll 1
+    for (int q = 0; q < 8; q++) {
+        __m256i mp;
+        if (Q6) { /* (sc_2q, sc_2q+1) int16 pairs per lane; the product times -32 below */
+            const __m128i a8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q) + 8 * h));
+            const __m128i b8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q + 1) + 8 * h));
+            mp = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a8, b8));
+        } else { /* (m_q, m_q) pairs */
+            const __m128i m8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * q + 8 * h));
+            mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) {
+            const __m256i t = _mm256_madd_epi16(mp, bcast32_2(act->bsums + (r0 + r) * (n / 16) + sb * 16 + 2 * q));
+            if (Q6) {
+                S[r] = _mm256_sub_epi32(S[r], _mm256_slli_epi32(t, 5)); /* -32 sc (bs_2q, bs_2q+1) */
+            } else {
+                M[r] = _mm256_add_epi32(M[r], t);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NT; r++) {
+        const __m256 dx = _mm256_set1_ps(act->d[(r0 + r) * (n / QK_K) + sb]);
+        __m256 a = _mm256_load_ps(acc + 8 * r);
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[r]), _mm256_mul_ps(d, dx), a);
+        if (!Q6) a = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M[r]), _mm256_mul_ps(dmin, dx), a);
+        _mm256_store_ps(acc + 8 * r, a);
+    }
+}
+
 /* X16: w is packed as TENSOR_LAYOUT_KQ_X16 (o0 % 16 == 0; a group of 8 is half of a record). */
 T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const int X16, const cpu_act *act, int64_t r0,
                        int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1) {
@@ -298,8 +424,22 @@ T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const int X16,
             for (int64_t r = 0; r < nrc; r++) _mm256_store_ps(acc + 8 * r, _mm256_setzero_ps());
             for (int64_t sb = 0; sb < nsb; sb++) {
                 if (X16) {
-                    const char *pf = (const char *)grp + (size_t)(sb + 2) * rec + 32 * (size_t)half;
+                    const char *pf = (const char *)grp + (size_t)(sb + KQ2_PF) * rec + 32 * (size_t)half;
                     for (size_t b = 0; b < rec; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
+                    if (nrc <= KQ2_FUSED_MAX) { /* few rows: decode in registers, per row tile */
+                        const uint8_t *R = grp + (size_t)sb * rec;
+                        for (int64_t rt = 0; rt < nrc; rt += KQ2_NT) {
+                            const int nt = nrc - rt >= KQ2_NT ? KQ2_NT : (int)(nrc - rt);
+                            float *a = acc + 8 * rt;
+                            switch (nt) {
+                            case 1: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 1, a); break;
+                            case 2: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 2, a); break;
+                            case 3: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 3, a); break;
+                            default: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 4, a); break;
+                            }
+                        }
+                        continue;
+                    }
                     kq_decode2_x16(grp + (size_t)sb * rec, Q6, half, &D);
                 } else {
                     if (sb + 1 < nsb) prefetch8(p, (size_t)(sb + 1) * bsz, bsz);

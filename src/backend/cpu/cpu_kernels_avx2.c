@@ -235,6 +235,7 @@ T2 INL void q80_tile2(const void *wrow, const int Q4, const int X16, const cpu_a
             __m256 dw;
             if (X16) {
                 const uint8_t *gh = (const uint8_t *)wrow + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
+                if (h == 0) for (int k = 0; k < 8; k++) _mm_prefetch((const char *)gh + 1024 + 64 * k, _MM_HINT_T0);
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
                     w[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(gh + 64 * k)), _mm256_set1_epi8((char)0x80));

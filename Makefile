@@ -216,7 +216,7 @@ $(BUILD)/bench_ops: tests/bench/bench_ops.c $(BUILD)/libdflash.a
 bench-ops: $(BUILD)/bench_ops
 	./$(BUILD)/bench_ops $(BENCH_ARGS)
 
-# `make bench-peak`: the int8 vpdpbusd rate with no memory traffic (tests/bench/bench_peak.c).
+# `make bench-peak`: the int8 multiply rate (vpdpbusd, or vpmaddubsw without VNNI) with no memory traffic (tests/bench/bench_peak.c).
 .PHONY: bench-peak
 $(BUILD)/bench_peak: tests/bench/bench_peak.c
 	@mkdir -p $(BUILD)

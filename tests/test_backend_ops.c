@@ -788,9 +788,9 @@ TEST(backend_light_row_kernels) {
             CHECK_MSG(memcmp(h1, h2, (size_t)n * 2) == 0, "f16 row (n %lld) differs", (long long)n);
         }
         /* attention P V: awkward head sizes, row counts across the 6-row tile, strided values */
-        static const int64_t hds[] = {8, 64, 72, 130}, nqs[] = {1, 5, 6, 7, 13}, nkvs[] = {1, 37};
+        static const int64_t hds[] = {8, 64, 72, 130}, nqs[] = {1, 2, 3, 4, 5, 6, 7, 13}, nkvs[] = {1, 37};
         for (size_t hi = 0; hi < 4; hi++)
-            for (size_t qi = 0; qi < 5; qi++)
+            for (size_t qi = 0; qi < 8; qi++)
                 for (size_t ki = 0; ki < 2; ki++) {
                     const int64_t hd = hds[hi], nq = nqs[qi], nkv = nkvs[ki], vstride = hd + 3, ldp = nkv + 2;
                     REQUIRE(nkv * vstride <= 8192 && nq * ldp <= 8192 && nq * hd <= 8192);

@@ -124,29 +124,32 @@ T2 INL void q4K_decode2(const uint8_t *const p[8], int64_t sb, kq2_dec *D) {
     }
 }
 
+/* Q6_K values 32 s + 4 ll .. + 3 of a half super-block (s < 4) in lanes, q + 32 (0..63), from
+ * the ql dword l4 (nibble s >> 1) and the qh dword hv (bits 2 s, 2 s + 1). */
+T2 INL __m256i q6K_vec2(__m256i l4, __m256i hv, const int s) {
+    const __m256i low = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(0x30);
+    const __m256i lo4 = s >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l4, 4), low) : _mm256_and_si256(l4, low);
+    __m256i h2;
+    switch (s) {
+    case 0: h2 = _mm256_slli_epi16(hv, 4); break;
+    case 1: h2 = _mm256_slli_epi16(hv, 2); break;
+    case 2: h2 = hv; break;
+    default: h2 = _mm256_srli_epi16(hv, 2); break;
+    }
+    return _mm256_or_si256(lo4, _mm256_and_si256(h2, hmask));
+}
+
 /* The 64 value vectors of a Q6_K super-block from its ql (dwords 0..31) and qh (dwords 0..15) in
  * lanes: value 4 v + e of lane i = byte e of D->w[v], q + 32 (0..63). */
 T2 INL void q6K_assemble2(const __m256i ql[32], const __m256i qh[16], kq2_dec *D) {
-    const __m256i low = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(0x30);
 #pragma GCC unroll 2
     for (int n = 0; n < 2; n++) {
 #pragma GCC unroll 4
         for (int s = 0; s < 4; s++) {
 #pragma GCC unroll 8
             for (int ll = 0; ll < 8; ll++) {
-                /* values 128 n + 32 s + 4 ll: ql dword 16 n + 8 (s & 1) + ll, nibble s >> 1; qh
-                 * dword 8 n + ll, bits 2 s, 2 s + 1 */
-                const __m256i l4 = ql[16 * n + 8 * (s & 1) + ll];
-                const __m256i lo4 = s >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l4, 4), low) : _mm256_and_si256(l4, low);
-                const __m256i hv = qh[8 * n + ll];
-                __m256i h2;
-                switch (s) {
-                case 0: h2 = _mm256_slli_epi16(hv, 4); break;
-                case 1: h2 = _mm256_slli_epi16(hv, 2); break;
-                case 2: h2 = hv; break;
-                default: h2 = _mm256_srli_epi16(hv, 2); break;
-                }
-                D->w[32 * n + 8 * s + ll] = _mm256_or_si256(lo4, _mm256_and_si256(h2, hmask));
+                /* values 128 n + 32 s + 4 ll: ql dword 16 n + 8 (s & 1) + ll, qh dword 8 n + ll */
+                D->w[32 * n + 8 * s + ll] = q6K_vec2(ql[16 * n + 8 * (s & 1) + ll], qh[8 * n + ll], s);
             }
         }
     }
@@ -304,11 +307,10 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
     __m256 d, dmin = _mm256_setzero_ps();
     if (Q6) {
         d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(R + 16 * h)));
-        const __m256i hmask = _mm256_set1_epi8(0x30);
 #pragma GCC unroll 1
         for (int n2 = 0; n2 < 2; n2++) {
 #pragma GCC unroll 1
-            for (int q = 0; q < 4; q++) { /* values 128 n2 + 32 q + 4 ll, ll < 8 (as q6K_assemble2) */
+            for (int q = 0; q < 4; q++) { /* values 128 n2 + 32 q + 4 ll, ll < 8 (q6K_vec2) */
                 /* (sc, sc) int16 pairs of the two scales 8 n2 + 2 q + e of these values, per lane */
                 __m256i scp[2];
 #pragma GCC unroll 2
@@ -327,15 +329,7 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
                             _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_Q6K_QH + 64 * (8 * n2 + ll) + 32 * h));
                         const __m256i l4 = _mm256_loadu_si256(
                             (const __m256i *)(R + CPU_KQ_X16_Q6K_QL + 64 * (16 * n2 + 8 * (q & 1) + ll) + 32 * h));
-                        const __m256i lo4 = q >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l4, 4), low) : _mm256_and_si256(l4, low);
-                        __m256i h2;
-                        switch (q) {
-                        case 0: h2 = _mm256_slli_epi16(qh, 4); break;
-                        case 1: h2 = _mm256_slli_epi16(qh, 2); break;
-                        case 2: h2 = qh; break;
-                        default: h2 = _mm256_srli_epi16(qh, 2); break;
-                        }
-                        w2[u] = _mm256_or_si256(lo4, _mm256_and_si256(h2, hmask));
+                        w2[u] = q6K_vec2(l4, qh, q);
                     }
                     const int v0 = 32 * n2 + 8 * q + 2 * t;
                     const int li = (16 * n2 + 4 * q + t) + h * Lh;

@@ -11,8 +11,8 @@
  * acc = fma(f32(S), d * dx, acc) and (Q4_K) acc = fnmadd(f32(M), dmin * dx, acc), super-blocks in
  * order from +0, so the bits do not depend on the tile, the row or output range, or the lane.
  * Packed weights (TENSOR_LAYOUT_KQ_X16, cpu_pack.c): a group of 8 is one half of a 16-row record,
- * decoded with loads into the same lanes: into the L1 buffer (kq_decode2_x16) for Q6_K batches,
- * else straight into registers per tile of up to 4 activation rows (kq2_fused_rows), with the
+ * decoded with loads into the same lanes: into the L1 buffer (kq_decode2_x16) for Q6_K batches of
+ * 9+ rows, else straight into registers per tile of up to 4 activation rows (kq2_fused_rows), with the
  * next group's record prefetched (Zen 2's hardware prefetch alone leaves memory idle while it
  * computes: 1 row from memory 0.158 -> 0.122 ms on Q6_K 1024 x 3072). */
 #include "backend/cpu/cpu_internal.h"
@@ -33,8 +33,10 @@
 /* Packed weights: kq2_fused_rows for every Q4_K batch and for Q6_K batches of at most
  * KQ2_FUSED_Q6 rows, else kq_decode2_x16 once + kq2_rows per row tile. Zen 2, 2 threads, 1024 x
  * 3072: Q4_K 16 rows 0.428 -> 0.388 ms and pp512 199 -> 213 tok/s fused; Q6_K 16 rows fused
- * 0.628 ms against 0.500 (its 6-bit assembly costs more ALU work than a reload from L1). */
-#define KQ2_FUSED_Q6 4
+ * 0.628 ms against 0.500 (its 6-bit assembly costs more ALU work than a reload from L1), while
+ * the Q4_K_M 0.6B model's 8-row verify takes 58.1-58.8 ms with Q6_K fused up to 8 rows against
+ * 62.3-68.2 ms up to 4. */
+#define KQ2_FUSED_Q6 8
 
 /* One super-block of a group of 8 weight rows; lane i = weight row i of the group. */
 typedef struct kq2_dec {

@@ -296,10 +296,11 @@ T2 INL void kq2_rows(const kq2_dec *D, const int Q6, const cpu_act *act, int64_t
  * runs: KQ2_FUSED_Q6). The int32 sums S and M are the exact integers kq2_rows forms, so the bits
  * are the same. */
 T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act *act, int64_t sb, int64_t r0,
-                           const int NT, float *acc, const char *pf) {
-    /* pf: the same record of the next group; half h prefetches its lines [h L/2, (h+1) L/2), one
-     * per main-loop iteration (32 of them), so that memory streams during both halves */
-    const int L = (int)(tensor_kq_x16_record_bytes(Q6 ? QUANT_TYPE_Q6_K : QUANT_TYPE_Q4_K) / 64), Lh = (L + 1) / 2;
+                           const int NT, float *acc, const char *pf, int L) {
+    /* pf: the same record of the next group (L lines), or NULL (a later row tile: already
+     * prefetched); half h prefetches its lines [h L/2, (h+1) L/2), one per main-loop iteration
+     * (32 of them), so that memory streams during both halves */
+    const int Lh = (L + 1) / 2, lend = pf == NULL ? 0 : L < (h + 1) * Lh ? L : (h + 1) * Lh;
     const int8_t *x0 = act->qs + r0 * act->n_in + sb * QK_K; /* row r at + r * n_in */
     const int64_t n = act->n_in;
     __m256i S[KQ2_NT], M[KQ2_NT];
@@ -335,7 +336,7 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
                     }
                     const int v0 = 32 * n2 + 8 * q + 2 * t;
                     const int li = (16 * n2 + 4 * q + t) + h * Lh;
-                    if (li < L && li < (h + 1) * Lh) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
+                    if (li < lend) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
 #pragma GCC unroll 4
                     for (int r = 0; r < NT; r++) {
                         const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w2[0], bcast32_2(x0 + r * n + 4 * v0)),
@@ -360,7 +361,7 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
             for (int kk = 0; kk < 8; kk++) {
                 const __m256i c = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_QS + 64 * (8 * c2 + kk) + 32 * h));
                 const int li = 8 * c2 + kk + h * Lh;
-                if (li < L && li < (h + 1) * Lh) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
+                if (li < lend) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
                 const __m256i lo = _mm256_and_si256(c, low), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), low);
 #pragma GCC unroll 4
                 for (int r = 0; r < NT; r++) {
@@ -419,6 +420,7 @@ T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const int X16,
     const int64_t nsb = act->n_in / QK_K;
     const size_t bsz = Q6 ? sizeof(block_q6_K) : sizeof(block_q4_K);
     const size_t rec = tensor_kq_x16_record_bytes(Q6 ? QUANT_TYPE_Q6_K : QUANT_TYPE_Q4_K);
+    const int L = (int)(rec / 64); /* cache lines per record */
     kq2_dec D;
     float acc[KQ2_RCHUNK * 8] __attribute__((aligned(32)));
     for (int64_t o = o0; o < o1; o += KQ2_W) {
@@ -440,11 +442,12 @@ T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const int X16,
                         for (int64_t rt = 0; rt < nrc; rt += KQ2_NT) {
                             const int nt = nrc - rt >= KQ2_NT ? KQ2_NT : (int)(nrc - rt);
                             float *a = acc + 8 * rt;
+                            const char *tpf = rt == 0 ? pf : NULL; /* the first tile prefetches */
                             switch (nt) {
-                            case 1: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 1, a, pf); break;
-                            case 2: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 2, a, pf); break;
-                            case 3: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 3, a, pf); break;
-                            default: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 4, a, pf); break;
+                            case 1: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 1, a, tpf, L); break;
+                            case 2: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 2, a, tpf, L); break;
+                            case 3: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 3, a, tpf, L); break;
+                            default: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 4, a, tpf, L); break;
                             }
                         }
                         continue;

@@ -218,7 +218,7 @@ T2 INL void q80_half(const void *wrow, const int Q4, int64_t b0, int nv, __m256i
  * the 32-byte slice h of each of its eight 64-byte vectors, already in lane order (q + 128), so
  * q80_half's transpose becomes 8 loads and an xor; the rest is the same (the same bits). */
 T2 INL void q80_tile2(const void *wrow, const int Q4, const int X16, const cpu_act *act, int64_t r0, const int NT,
-                      float *dst, int64_t ds, int64_t o) {
+                      float *dst, int64_t ds, int64_t o, bool pf) {
     const int64_t nb = act->n_in / QK8_0, nbp = act->row_len / QK8_0;
     const int64_t ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
     __m256 acc[8];
@@ -235,7 +235,9 @@ T2 INL void q80_tile2(const void *wrow, const int Q4, const int X16, const cpu_a
             __m256 dw;
             if (X16) {
                 const uint8_t *gh = (const uint8_t *)wrow + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
-                if (h == 0) for (int k = 0; k < 8; k++) _mm_prefetch((const char *)gh + 1024 + 64 * k, _MM_HINT_T0);
+                if (pf && h == 0) { /* 1 KiB ahead in the row (Zen 2 needs it); the first row tile only */
+                    for (int k = 0; k < 8; k++) _mm_prefetch((const char *)gh + 1024 + 64 * k, _MM_HINT_T0);
+                }
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
                     w[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(gh + 64 * k)), _mm256_set1_epi8((char)0x80));
@@ -291,7 +293,7 @@ T2 static void mm_q8_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
         const void *wrow = (const char *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
             const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile2(wrow, 0, 0, act, rt, N, dst, ds, o)
+#define CALL(N) q80_tile2(wrow, 0, 0, act, rt, N, dst, ds, o, false)
             TILE_SWITCH8(nt, CALL)
 #undef CALL
         }
@@ -304,7 +306,7 @@ T2 static void mm_q4_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
         const void *wrow = (const char *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
             const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile2(wrow, 1, 0, act, rt, N, dst, ds, o)
+#define CALL(N) q80_tile2(wrow, 1, 0, act, rt, N, dst, ds, o, false)
             TILE_SWITCH8(nt, CALL)
 #undef CALL
         }
@@ -317,7 +319,7 @@ T2 void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, in
         const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
             const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile2(wrow, 0, 1, act, rt, N, dst, ds, o)
+#define CALL(N) q80_tile2(wrow, 0, 1, act, rt, N, dst, ds, o, rt == r0)
             TILE_SWITCH8(nt, CALL)
 #undef CALL
         }

@@ -120,6 +120,14 @@ typedef struct dfl_context_params {
     /* the backend a context creates when it shares none (default DFL_DEVICE_CPU); a drafter
      * context always runs on its target's backend */
     dfl_device device;
+    /* drafter contexts only: a reduced draft vocabulary (docs/drafter.md "Reduced draft
+     * vocabulary"). The head computes the logits of these n_draft_vocab token ids only (unique,
+     * inside the vocabulary; copied), so drafts are always among them, and a draft is the whole
+     * head's whenever the whole head's argmax is among them. The target still verifies against
+     * its whole vocabulary: the output is unchanged, only acceptance can drop. 0: the whole head.
+     * DFlash drafters only (not DSpark or DFlash2). */
+    int32_t n_draft_vocab;
+    const int32_t *draft_vocab;
 } dfl_context_params;
 
 DFL_API dfl_context_params dfl_context_default_params(void);
@@ -432,6 +440,12 @@ typedef struct dfl_engine_params {
     /* optional: replaces a sequence's drafts (tests, other drafting strategies; lossless) */
     void (*draft_hook)(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
     void *draft_hook_user;
+    /* optional: a reduced draft vocabulary (dfl_context_params.n_draft_vocab; lossless): the
+     * drafter's head computes these ids only. draft_vocab NULL: ids 0 .. n_draft_vocab - 1 (a
+     * BPE vocabulary's ids follow its merge order, commonest first) plus the vocabulary's
+     * end-of-generation tokens; 0: the whole vocabulary */
+    int32_t n_draft_vocab;
+    const int32_t *draft_vocab;
 } dfl_engine_params;
 
 DFL_API dfl_engine_params dfl_engine_default_params(void);

@@ -155,6 +155,8 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i, const char *cmd
     if (!strcmp(a, "--draft-max") || !strcmp(a, "--draft")) INT_OPT(1, 63, o->draft_max);
     if (!strcmp(a, "--draft-min")) INT_OPT(0, 63, o->draft_min);
     if (!strcmp(a, "--draft-p-min")) FLOAT_OPT(0.0f, 1.0f, o->draft_p_min, "a number in 0..1");
+    if (!strcmp(a, "--draft-vocab")) INT_OPT(1, INT32_MAX, o->draft_vocab);
+    if (!strcmp(a, "--draft-vocab-file")) { NEED_VALUE(); o->draft_vocab_file = v; return 1; }
     if (!strcmp(a, "--features")) {
         NEED_VALUE();
         if (!strcmp(v, "host")) o->features = DFL_FEATURES_HOST;
@@ -236,6 +238,11 @@ void cli_print_common_help(FILE *out) {
             "  --draft-p-min P         verify drafts only up to the first one the drafter gives a\n"
             "                          probability below P (0: the whole block; default " CLI_DRAFT_P_MIN_STR ");\n"
             "                          a DSpark drafter cuts on its confidence head instead\n"
+            "  --draft-vocab N         the drafter's head computes N tokens only (lossless: the\n"
+            "                          target verifies over all; fewer drafts may be accepted):\n"
+            "                          ids 0..N-1 plus the end tokens, or the first N of\n"
+            "  --draft-vocab-file F    token ids, commonest first (DFlash drafters only;\n"
+            "                          docs/drafter.md \"Reduced draft vocabulary\")\n"
             "  --features host|device  how target features reach the drafter (default device;\n"
             "                          env DFLASH_FEATURES)\n"
             "  --feature-wait host|device  where the drafter waits for the target's features\n"
@@ -320,7 +327,68 @@ dfl_engine_params cli_engine_params(const cli_opts *o) {
     ep.feature_buffer_max = (size_t)o->feature_buffer_max;
     ep.no_weight_pack = o->no_repack;
     ep.kv_f32 = o->kv_f32;
+    ep.n_draft_vocab = o->draft_vocab_ids != NULL ? o->n_draft_vocab_ids : o->draft_vocab;
+    ep.draft_vocab = o->draft_vocab_ids;
     return ep;
+}
+
+int cli_load_draft_vocab(cli_opts *o, int32_t **ids, const char *cmd) {
+    *ids = NULL;
+    o->draft_vocab_ids = NULL;
+    o->n_draft_vocab_ids = 0;
+    if (o->draft_vocab_file == NULL) return 0;
+    size_t len = 0;
+    char *text = cli_read_file(o->draft_vocab_file, &len, cmd);
+    if (text == NULL) return 1;
+    const int32_t cap = o->draft_vocab > 0 ? o->draft_vocab : INT32_MAX;
+    int32_t n = 0, n_alloc = 0, *v = NULL;
+    int line = 1;
+    for (size_t i = 0; i < len && n < cap;) {
+        const char c = text[i];
+        if (c == '\n') line++;
+        if (c == '#') {
+            while (i < len && text[i] != '\n') i++;
+            continue;
+        }
+        if (c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == ',') {
+            i++;
+            continue;
+        }
+        int64_t x = 0;
+        size_t j = i;
+        while (j < len && text[j] >= '0' && text[j] <= '9' && x <= INT32_MAX) x = 10 * x + (text[j++] - '0');
+        const bool end = j == len || strchr(" \t\r\n,#", text[j]) != NULL;
+        if (j == i || !end || x > INT32_MAX) {
+            fprintf(stderr, "dflash %s: %s, line %d: '%.20s' is not a token id (a decimal number)\n", cmd,
+                    o->draft_vocab_file, line, text + i);
+            free(text);
+            free(v);
+            return 1;
+        }
+        if (n == n_alloc) {
+            n_alloc = n_alloc > 0 ? 2 * n_alloc : 4096;
+            int32_t *nv = realloc(v, (size_t)n_alloc * sizeof(int32_t));
+            if (nv == NULL) {
+                fprintf(stderr, "dflash %s: out of memory reading %s\n", cmd, o->draft_vocab_file);
+                free(text);
+                free(v);
+                return 1;
+            }
+            v = nv;
+        }
+        v[n++] = (int32_t)x;
+        i = j;
+    }
+    free(text);
+    if (n == 0) {
+        fprintf(stderr, "dflash %s: %s holds no token ids\n", cmd, o->draft_vocab_file);
+        free(v);
+        return 1;
+    }
+    *ids = v;
+    o->draft_vocab_ids = v;
+    o->n_draft_vocab_ids = n;
+    return 0;
 }
 
 dfl_seq_params cli_seq_params(const cli_opts *o) {
@@ -397,6 +465,7 @@ int cli_session_open(cli_session *s, cli_opts *o, bool quiet, const char *cmd) {
                 o->draft_min, n_draft);
         return 1;
     }
+    if (spec && cli_load_draft_vocab(o, &s->draft_vocab, cmd) != 0) return 1;
     const dfl_engine_params ep = cli_engine_params(o);
     s->engine = dfl_engine_new_from_models(s->target, s->drafter, s->vocab, &ep, &err);
     if (s->engine == NULL) {
@@ -416,6 +485,7 @@ void cli_session_close(cli_session *s) {
     dfl_model_free(s->drafter);
     dfl_model_free(s->target);
     dfl_vocab_free(s->vocab);
+    free(s->draft_vocab);
     memset(s, 0, sizeof(*s));
 }
 

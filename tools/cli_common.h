@@ -46,6 +46,10 @@ typedef struct cli_opts {
     bool no_repack;           /* --no-repack: weights read as stored (no packed copy) */
     const char *cache_type_k, *cache_type_v; /* -ctk / -ctv: f16 (default) or f32, both the same */
     bool kv_f32;              /* set by cli_opts_finish from -ctk / -ctv */
+    int32_t draft_vocab;      /* --draft-vocab N (0: the whole vocabulary) */
+    const char *draft_vocab_file; /* --draft-vocab-file FILE */
+    const int32_t *draft_vocab_ids; /* the ids read from it (cli_load_draft_vocab; owned by the caller) */
+    int32_t n_draft_vocab_ids;
 } cli_opts;
 
 void cli_opts_default(cli_opts *o);
@@ -66,7 +70,14 @@ typedef struct cli_session {
     dfl_vocab *vocab;
     dfl_engine *engine;
     char tpath[4096], dpath[4096]; /* the embedded pair's paths (when no -m) */
+    int32_t *draft_vocab;          /* --draft-vocab-file's ids (o->draft_vocab_ids points here) */
 } cli_session;
+
+/* Reads --draft-vocab-file (token ids as decimal numbers, separated by white space or commas;
+ * '#' starts a comment to the end of the line; the first --draft-vocab N of them, or all) into
+ * *ids (malloc'd, the caller frees) and points o->draft_vocab_ids at it. No file: 0 and *ids
+ * NULL. 1 with a message on an unreadable file, a bad number or an empty list. */
+int cli_load_draft_vocab(cli_opts *o, int32_t **ids, const char *cmd);
 
 /* Loads the models and creates the engine (speculative when a drafter is given and not
  * --no-spec). Prints a progress bar on a terminal unless quiet. 0 ok, 1 error printed, 2 a bad

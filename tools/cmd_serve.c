@@ -105,10 +105,14 @@ int cmd_serve(int argc, char **argv) {
     }
     so.target_path = o.model;
     so.drafter_path = o.no_spec ? NULL : o.draft;
+    int32_t *draft_vocab = NULL; /* --draft-vocab-file's ids, read before the engines are made */
+    if (!o.no_spec && cli_load_draft_vocab(&o, &draft_vocab, "serve") != 0) return 1;
     so.engine = cli_engine_params(&o); /* the engine options of generate and bench */
     /* the sampling options of generate (penalties and their window included) as the defaults of
      * requests that do not set a field */
     so.sampler = cli_seq_params(&o).sampler;
     so.fixed_seed = seed_given;
-    return srv_run(&so);
+    const int rc = srv_run(&so);
+    free(draft_vocab);
+    return rc;
 }

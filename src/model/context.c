@@ -240,6 +240,11 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
         return NULL;
     }
     if (hp->arch == DFL_ARCH_DFLASH && drafter_check_target(model, &p, err) != DFL_OK) return NULL;
+    if (p.n_draft_vocab != 0 && hp->arch != DFL_ARCH_DFLASH) {
+        error_set(err, DFL_ERR_INVALID, "%s: a draft vocabulary (n_draft_vocab %d) is for drafter contexts only",
+                  model->path, p.n_draft_vocab);
+        return NULL;
+    }
     dfl_context *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL) {
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the context");
@@ -319,7 +324,7 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
         if (ctx->link == NULL) goto fail;
     }
     if (p.target != NULL) {
-        ctx->dr = drafter_state_new(ctx, p.target, err);
+        ctx->dr = drafter_state_new(ctx, &p, err);
         if (ctx->dr == NULL) goto fail;
     }
     return ctx;

@@ -136,7 +136,8 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
 /* speculative/drafter.c: the DFlash drafter (docs/drafter.md). */
 /* The drafter's own state, created with a drafter context for its target (NULL + err on
  * failure), and freed with it. */
-drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error *err);
+/* p: the drafter context's parameters (target, draft_vocab, no_weight_pack). */
+drafter_state *drafter_state_new(dfl_context *d, const dfl_context_params *p, dfl_error *err);
 void drafter_state_free(drafter_state *ds);
 /* The target context a drafter context drafts for. */
 dfl_context *drafter_target(const dfl_context *d);

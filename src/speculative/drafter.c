@@ -47,9 +47,80 @@ struct drafter_state {
     float *h_swa;          /* [n_ctx * n_ub] */
     size_t *swa_off;       /* [n_ub] float offset of each group's mask */
     dflash2_state *d2;     /* DFlash2 drafter (drafter_dflash2.c); NULL otherwise */
+    /* a reduced draft vocabulary (dfl_context_params.draft_vocab; docs/drafter.md "Reduced
+     * draft vocabulary"): the head computes the rows of these token ids only */
+    int32_t n_hot;         /* 0: the whole head */
+    int32_t *hot_ids;      /* [n_hot] token ids, ascending */
+    float *hot_tmp;        /* [n_hot] one row of head logits while they are spread to n_vocab */
+    backend_buffer *hot_buf;
+    tensor hot_w;          /* [n_embd, n_hot] the head's rows of hot_ids (packed where the backend packs) */
 };
 
-drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error *err) {
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The reduced head: the rows hot[0..n) of the head (the drafter's own, else its target's) copied
+ * into backend memory, ids sorted so that an argmax tie picks the lowest id as over the whole
+ * head; packed like the model's weights unless no_pack. */
+static dfl_status drafter_hot_init(dfl_context *d, drafter_state *ds, const int32_t *hot, int32_t n, bool no_pack,
+                                   dfl_error *err) {
+    const dfl_model *tm = ds->target->model;
+    const gguf_tensor *src = d->model->output != NULL ? d->model->output : tm->output;
+    if (d->model->dspark.markov_w1 != NULL || d->model->d2 != NULL) {
+        return error_set(err, DFL_ERR_UNSUPPORTED, "a reduced draft vocabulary is supported for DFlash drafters only "
+                         "(the %s reads every row of the head)", d->model->d2 != NULL ? "DFlash2 selector" : "DSpark Markov chain");
+    }
+    if (hot == NULL || n < 1 || n > d->n_vocab || src == NULL) {
+        return error_set(err, DFL_ERR_INVALID, "draft vocabulary: %d ids%s (expected 1..%lld)", n,
+                         hot == NULL ? " and no id list" : "", (long long)d->n_vocab);
+    }
+    ds->hot_ids = malloc((size_t)n * sizeof(int32_t));
+    ds->hot_tmp = malloc((size_t)n * sizeof(float));
+    if (ds->hot_ids == NULL || ds->hot_tmp == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory for the draft vocabulary");
+    for (int32_t i = 0; i < n; i++) {
+        if (hot[i] < 0 || hot[i] >= d->n_vocab) {
+            return error_set(err, DFL_ERR_INVALID, "draft vocabulary: entry %d, token %d, is outside the vocabulary (0..%lld)",
+                             i, hot[i], (long long)d->n_vocab - 1);
+        }
+        ds->hot_ids[i] = hot[i];
+    }
+    qsort(ds->hot_ids, (size_t)n, sizeof(int32_t), cmp_i32);
+    for (int32_t i = 1; i < n; i++) {
+        if (ds->hot_ids[i] == ds->hot_ids[i - 1]) {
+            return error_set(err, DFL_ERR_INVALID, "draft vocabulary: token %d is listed twice", ds->hot_ids[i]);
+        }
+    }
+    ds->n_hot = n;
+    /* [n_embd, n_vocab] rows of row_bytes; the hot rows gathered on the host */
+    const size_t row_bytes = quant_row_size(src->type, src->ne[0]), bytes = row_bytes * (size_t)n;
+    uint8_t *rows = malloc(bytes);
+    if (rows == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory for the draft vocabulary's head rows");
+    for (int32_t i = 0; i < n; i++) {
+        memcpy(rows + row_bytes * (size_t)i, (const uint8_t *)src->data + row_bytes * (size_t)ds->hot_ids[i], row_bytes);
+    }
+    const tensor plain = tensor_2d(src->type, rows, src->ne[0], n); /* [n_embd, n_hot] host rows */
+    const bool host = backend_get_caps(d->be).host_visible;
+    const size_t pack = host && !no_pack ? backend_weight_pack_size(d->be, &plain) : 0;
+    ds->hot_buf = backend_buffer_alloc(d->be, pack > 0 ? pack : bytes, err);
+    if (ds->hot_buf == NULL) {
+        free(rows);
+        return err->code;
+    }
+    if (pack > 0) {
+        ds->hot_w = backend_weight_pack(d->be, &plain, backend_buffer_base(ds->hot_buf));
+        ds->hot_w.buf = ds->hot_buf;
+    } else {
+        backend_buffer_set(ds->hot_buf, 0, rows, bytes);
+        ds->hot_w = tensor_in_buffer(ds->hot_buf, 0, src->type, src->ne[0], n);
+    }
+    free(rows);
+    return DFL_OK;
+}
+
+drafter_state *drafter_state_new(dfl_context *d, const dfl_context_params *p, dfl_error *err) {
+    dfl_context *target = p->target;
     const int64_t n = d->n_ub;
     drafter_state *ds = calloc(1, sizeof(*ds));
     if (ds == NULL) {
@@ -105,6 +176,10 @@ drafter_state *drafter_state_new(dfl_context *d, dfl_context *target, dfl_error 
             return NULL;
         }
     }
+    if (p->n_draft_vocab != 0 && drafter_hot_init(d, ds, p->draft_vocab, p->n_draft_vocab, p->no_weight_pack, err) != DFL_OK) {
+        drafter_state_free(ds);
+        return NULL;
+    }
     return ds;
 }
 
@@ -123,6 +198,9 @@ void drafter_state_free(drafter_state *ds) {
     if (ds->swa_buf) backend_buffer_free(ds->swa_buf);
     dspark_state_free(ds->dspark);
     dflash2_state_free(ds->d2);
+    free(ds->hot_ids);
+    free(ds->hot_tmp);
+    if (ds->hot_buf) backend_buffer_free(ds->hot_buf);
     free(ds);
 }
 
@@ -333,13 +411,19 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     op_rmsnorm(q, x_out, x_out, &d->w.output_norm, hp->norm_eps);
     tensor logits = tensor_rows(&s->logits, 0, n_out);                /* [n_vocab, n_out] */
     bool flagged = false;
+    const int64_t n_row = ds->n_hot > 0 ? ds->n_hot : d->n_vocab; /* logits per output row */
     if (ds->d2 == NULL && ds->dspark == NULL) {
         tensor amax = fwd_vec_head(&s->ids, n_out);                       /* [n_out] i32 */
+        const tensor *head = ds->n_hot > 0 ? &ds->hot_w : &d->w.output;
+        if (ds->n_hot > 0) {                                              /* [n_hot, n_out] */
+            logits = tensor_2d(QUANT_TYPE_F32, s->logits.data, n_row, n_out);
+            logits.buf = s->logits.buf;
+        }
         if (logits_out == NULL && backend_get_caps(d->be).matmul_argmax) {
             /* greedy drafts only: the head's argmax without writing the logits (same ids) */
-            op_matmul_argmax(q, amax, d->w.output, x_out, ds->logit_scale);
+            op_matmul_argmax(q, amax, *head, x_out, ds->logit_scale);
         } else {
-            op_matmul(q, logits, d->w.output, x_out);
+            op_matmul(q, logits, *head, x_out);
             if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
             op_argmax(q, amax, logits);
         }
@@ -373,10 +457,14 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
     }
     if (logits_out != NULL) {
-        op_read(q, logits_out, logits, (size_t)n_out * (size_t)d->n_vocab * sizeof(float));
+        op_read(q, logits_out, logits, (size_t)n_out * (size_t)n_row * sizeof(float));
     }
     backend_queue_synchronize(q);
     d->pending = false;
+    if (ds->n_hot > 0) {
+        /* ids of the reduced head -> token ids (a NaN/Inf flag -1 - i names token hot_ids[i]) */
+        for (int64_t r = 0; r < n_out; r++) out[r] = out[r] >= 0 ? ds->hot_ids[out[r]] : -1 - ds->hot_ids[-1 - out[r]];
+    }
     if (ds->dspark != NULL && !flagged) {
         dspark_finish(d, ds->dspark, n_active, last, ds->lens_all, out, d->model->dspark.conf_proj ? ds->conf : NULL);
         ds->conf_valid = d->model->dspark.conf_proj != NULL;
@@ -384,7 +472,17 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     /* final logit softcapping: monotone, so it changes the drafter's probabilities, not its drafts */
     const float cap = opt->final_logit_softcapping;
     if (logits_out != NULL && cap > 0.0f) {
-        for (size_t i = 0; i < (size_t)n_out * (size_t)d->n_vocab; i++) logits_out[i] = cap * tanhf(logits_out[i] / cap);
+        for (size_t i = 0; i < (size_t)n_out * (size_t)n_row; i++) logits_out[i] = cap * tanhf(logits_out[i] / cap);
+    }
+    if (logits_out != NULL && ds->n_hot > 0) {
+        /* rows of n_hot -> rows of n_vocab, last row first (its packed offset is <= its own): the
+         * tokens outside the reduced vocabulary get -inf (probability 0: they are never drafted) */
+        for (int64_t r = n_out - 1; r >= 0; r--) {
+            memcpy(ds->hot_tmp, logits_out + (size_t)r * (size_t)n_row, (size_t)n_row * sizeof(float));
+            float *row = logits_out + (size_t)r * (size_t)d->n_vocab;
+            for (int64_t v = 0; v < d->n_vocab; v++) row[v] = -INFINITY;
+            for (int64_t j = 0; j < n_row; j++) row[ds->hot_ids[j]] = ds->hot_tmp[j];
+        }
     }
     if (lens != NULL) {
         /* outputs came packed (sequence i's len_i rows after those of sequences < i): spread them

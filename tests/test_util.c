@@ -204,6 +204,8 @@ bool tu_pair_open(test_ctx *t, tu_pair *p, const char *tpath, const char *dpath,
     dcp.target = p->tctx;
     dcp.kv_f32 = pp->kv_f32;
     if (pp->drafter_n_batch > 0) dcp.n_batch = pp->drafter_n_batch;
+    dcp.n_draft_vocab = pp->n_draft_vocab;
+    dcp.draft_vocab = pp->draft_vocab;
     const bool ready = p->tctx != NULL && (!pp->ref_ctx || p->rctx != NULL);
     p->dctx = ready ? dfl_context_new(p->drafter, &dcp, &err) : NULL;
     const spec_params sp0 = pp->sp ? *pp->sp : spec_default_params();

@@ -74,6 +74,8 @@ typedef struct tu_pair_params {
     bool ref_ctx;            /* also open rctx */
     dfl_device device;
     const spec_params *sp;   /* NULL: spec_default_params() */
+    int32_t n_draft_vocab;   /* the drafter context's reduced draft vocabulary (0: none) */
+    const int32_t *draft_vocab;
 } tu_pair_params;
 /* Loads and opens the pair; false (reported on t) on failure; tu_pair_close is needed either way. */
 bool tu_pair_open(test_ctx *t, tu_pair *p, const char *tpath, const char *dpath, const tu_pair_params *pp);

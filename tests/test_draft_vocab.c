@@ -1,0 +1,267 @@
+/* test_draft_vocab.c: the reduced draft vocabulary (dfl_context_params.n_draft_vocab,
+ * docs/drafter.md "Reduced draft vocabulary"): on the same injected context, a drafter with the
+ * vocabulary H drafts the whole head's token wherever that token is in H and a token of H
+ * elsewhere; its logits are the whole head's on H (same bits) and -inf off H, also spread over
+ * several sequences of different draft lengths; plain, packed Q8_0 and packed Q4_K_M (Q6_K head)
+ * weights; the speculative output stays the target's own greedy output; bad id lists, a target
+ * context and a DSpark drafter are refused with a message; the CLI's --draft-vocab options. */
+#include "test.h"
+#include "test_util.h"
+#include "speculative/session.h"
+#include "model/context.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DV_NV 640
+#define DV_K 7
+
+static bool in_set(const int32_t *h, int32_t n, int32_t v) {
+    for (int32_t i = 0; i < n; i++) {
+        if (h[i] == v) return true;
+    }
+    return false;
+}
+
+static bool open_pair(test_ctx *t, tu_pair *p, const char *tp, const char *dp, int n_seq, const int32_t *hot, int32_t n_hot,
+                      bool ref) {
+    spec_params sp = spec_default_params();
+    sp.n_draft = DV_K;
+    const tu_pair_params pp = {.n_seq = n_seq, .n_batch = 64, .drafter_n_batch = 32, .ref_ctx = ref, .sp = &sp,
+                               .n_draft_vocab = n_hot, .draft_vocab = hot};
+    return tu_pair_open(t, p, tp, dp, &pp);
+}
+
+/* Drafts of sequences 0 and 1 (prompts of 11 and 6 tokens; lens 5 and 7) with their logits. */
+static bool draft_two(test_ctx *t, tu_pair *p, int32_t draft[2 * DV_K], float *logits) {
+    int32_t pa[11], pb[6], first[2];
+    for (int i = 0; i < 11; i++) pa[i] = (int32_t)((i * 37 + 5) % DV_NV);
+    for (int i = 0; i < 6; i++) pb[i] = (int32_t)((i * 101 + 9) % DV_NV);
+    dfl_error err = {0};
+    bool ok = spec_prefill(p->spec, 0, pa, 11, &first[0], &err) == DFL_OK &&
+              spec_prefill(p->spec, 1, pb, 6, &first[1], &err) == DFL_OK;
+    const int32_t lens[2] = {5, DV_K}, seqs[2] = {0, 1};
+    ok = ok && drafter_draft(p->dctx, 2, seqs, first, DV_K, lens, draft, logits, &err) == DFL_OK;
+    if (!ok) test_fail(t, __FILE__, __LINE__, "draft: %s", err.msg);
+    return ok;
+}
+
+/* One weight type: the whole head's drafts, then H = every third id plus half of those drafts. */
+static void draft_vocab_case(test_ctx *t, const char *tp, const char *dp, const char *what) {
+    tu_pair full, hot, g;
+    memset(&full, 0, sizeof(full));
+    memset(&hot, 0, sizeof(hot));
+    memset(&g, 0, sizeof(g));
+    const size_t nl = (size_t)2 * DV_K * DV_NV;
+    float *lf = malloc(nl * sizeof(float)), *lh = malloc(nl * sizeof(float));
+    int32_t df[2 * DV_K], dh[2 * DV_K], H[DV_NV];
+    int32_t nh = 0;
+    bool ok = lf != NULL && lh != NULL && open_pair(t, &full, tp, dp, 2, NULL, 0, false) && draft_two(t, &full, df, lf);
+    tu_pair_close(&full);
+    const int32_t lens[2] = {5, DV_K};
+    /* two vocabularies, so that both cases occur even when every draft is one token: pass 0,
+     * ids = 1 mod 3 plus sequence 0's drafts; pass 1, ids = 1 mod 3 without any draft; listed in
+     * descending order */
+    int n_same = 0, n_off = 0;
+    for (int pass = 0; pass < 2 && ok; pass++) {
+        nh = 0;
+        for (int32_t v = DV_NV - 1; v >= 0; v--) {
+            bool in0 = false, in1 = false;
+            for (int j = 0; j < lens[0]; j++) in0 = in0 || df[j] == v;
+            for (int j = 0; j < lens[1]; j++) in1 = in1 || df[DV_K + j] == v;
+            if (pass == 0 ? in0 || (v % 3 == 1 && !in1) : v % 3 == 1 && !in0 && !in1) H[nh++] = v;
+        }
+        ok = open_pair(t, &hot, tp, dp, 2, H, nh, false) && draft_two(t, &hot, dh, lh);
+        tu_pair_close(&hot);
+        /* without logits: the fused matmul + argmax of greedy drafting gives the same drafts */
+        int32_t dg[2 * DV_K];
+        ok = ok && open_pair(t, &hot, tp, dp, 2, H, nh, false) && draft_two(t, &hot, dg, NULL);
+        for (int s = 0; s < 2 && ok; s++) {
+            for (int j = 0; j < lens[s]; j++) {
+                CHECK_MSG(dg[s * DV_K + j] == dh[s * DV_K + j], "%s: seq %d slot %d: greedy draft %d, %d with logits",
+                          what, s, j, dg[s * DV_K + j], dh[s * DV_K + j]);
+            }
+        }
+        for (int s = 0; s < 2 && ok; s++) {
+            for (int j = 0; j < lens[s] && ok; j++) {
+                const int32_t f = df[s * DV_K + j], h = dh[s * DV_K + j];
+                if (in_set(H, nh, f)) {
+                    n_same++;
+                    CHECK_MSG(h == f, "%s: seq %d slot %d: draft %d, the whole head's %d is in the vocabulary", what, s, j, h, f);
+                } else {
+                    n_off++;
+                    CHECK_MSG(in_set(H, nh, h), "%s: seq %d slot %d: draft %d is outside the vocabulary", what, s, j, h);
+                }
+                const float *rf = lf + ((size_t)s * DV_K + (size_t)j) * DV_NV;
+                const float *rh = lh + ((size_t)s * DV_K + (size_t)j) * DV_NV;
+                for (int32_t v = 0; v < DV_NV && ok; v++) {
+                    const bool in = in_set(H, nh, v);
+                    if (in ? memcmp(&rf[v], &rh[v], sizeof(float)) != 0 : !(isinf(rh[v]) && rh[v] < 0)) {
+                        test_fail(t, __FILE__, __LINE__, "%s: seq %d slot %d token %d (%s the vocabulary): logit %g, the "
+                                  "whole head's %g", what, s, j, v, in ? "in" : "outside", rh[v], rf[v]);
+                        ok = false;
+                    }
+                }
+            }
+        }
+        tu_pair_close(&hot);
+    }
+    CHECK_MSG(!ok || (n_same > 0 && n_off > 0), "%s: %d slots in and %d outside the vocabulary (both expected)", what,
+              n_same, n_off);
+    /* the output stays the target's: 24 greedy tokens with a vocabulary of 40 ids */
+    int32_t small[40];
+    for (int i = 0; i < 40; i++) small[i] = (int32_t)((i * 53 + 11) % DV_NV);
+    if (ok && open_pair(t, &g, tp, dp, 1, small, 40, true)) {
+        int32_t prompt[9], ref[64], got[64], first, step[DV_K + 1], n_step, seq = 0;
+        for (int i = 0; i < 9; i++) prompt[i] = (int32_t)((i * 29 + 3) % DV_NV);
+        dfl_error err = {0};
+        ok = tu_greedy(g.rctx, 0, prompt, 9, 40, ref, &err) == DFL_OK && spec_prefill(g.spec, 0, prompt, 9, &first, &err) == DFL_OK;
+        int n = 0;
+        if (ok) got[n++] = first;
+        while (ok && n < 24) {
+            ok = spec_step(g.spec, 1, &seq, step, &n_step, &err) == DFL_OK;
+            for (int j = 0; ok && j < n_step && n < 64; j++) got[n++] = step[j];
+        }
+        CHECK_MSG(ok, "%s: speculative run: %s", what, err.msg);
+        for (int i = 0; ok && i < 24; i++) {
+            CHECK_MSG(got[i] == ref[i], "%s: token %d: %d with the reduced vocabulary, %d greedy", what, i, got[i], ref[i]);
+            if (got[i] != ref[i]) break;
+        }
+    }
+    tu_pair_close(&g);
+    free(lf);
+    free(lh);
+}
+
+#define DV_T "--n-vocab 640 --n-layer 3 --n-head 4 --n-head-kv 2 --head-dim 16 --n-ff 128 --draft-layers 1 --block-size 8"
+
+TEST(draft_vocab_drafts_logits_and_output) {
+    char tp[512], dp[512];
+    if (!tu_make_models(t, "f32", DV_T " --n-embd 64 --type f32", tp, dp, sizeof(tp))) return;
+    draft_vocab_case(t, tp, dp, "f32");
+    /* n_embd 512: the Q8_0 head is packed (TENSOR_LAYOUT_Q8_0_X16), H's rows too */
+    if (!tu_make_models(t, "q8", DV_T " --n-embd 512 --type q8_0", tp, dp, sizeof(tp))) return;
+    draft_vocab_case(t, tp, dp, "q8_0 packed");
+    /* Q4_K_M: the tied head is Q6_K (packed by AVX2 / AVX-512 CPUs: records of 16 rows, H has a
+     * partial last record) */
+    if (!tu_make_models(t, "f16", DV_T " --n-embd 256 --type f16", tp, dp, sizeof(tp))) return;
+    char q[600], cmd[2048], out[4096];
+    snprintf(q, sizeof(q), "%s.q4km.gguf", tp);
+    snprintf(cmd, sizeof(cmd), "%s quantize %s %s Q4_K_M", test_cli_path(), tp, q);
+    if (test_run(cmd, out, sizeof(out)) != 0) {
+        test_fail(t, __FILE__, __LINE__, "quantize: %s", out);
+        return;
+    }
+    draft_vocab_case(t, q, dp, "Q4_K_M (Q6_K head)");
+}
+
+TEST(draft_vocab_refuses_bad_lists) {
+    char tp[512], dp[512], sp[512], sd[512];
+    if (!tu_make_models(t, "m", DV_T " --n-embd 64 --type f32", tp, dp, sizeof(tp))) return;
+    if (!tu_make_models(t, "ds", DV_T " --n-embd 64 --type f32 --dspark-rank 8", sp, sd, sizeof(sp))) return;
+    dfl_error err = {0};
+    dfl_model *tm = dfl_model_load(tp, NULL, &err), *dm = dfl_model_load(dp, NULL, &err), *dsm = dfl_model_load(sd, NULL, &err);
+    REQUIRE(tm != NULL && dm != NULL && dsm != NULL);
+    const dfl_hparams *dh = dfl_model_hparams(dm);
+    dfl_context_params cp = dfl_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_capture = (int32_t)dh->n_target_layers;
+    cp.capture_layers = dh->target_layers;
+    int32_t ids[4] = {3, 9, 3, 1};
+    cp.n_draft_vocab = 2;
+    cp.draft_vocab = ids;
+    CHECK(dfl_context_new(tm, &cp, &err) == NULL);
+    CHECK_STR_CONTAINS(err.msg, "for drafter contexts only");
+    cp.n_draft_vocab = 0;
+    cp.draft_vocab = NULL;
+    dfl_context *tc = dfl_context_new(tm, &cp, &err);
+    REQUIRE(tc != NULL);
+    struct { int32_t n; int32_t ids[4]; const char *msg; } bad[] = {
+        {4, {3, 9, 3, 1}, "token 3 is listed twice"},
+        {3, {3, 640, 1}, "entry 1, token 640, is outside the vocabulary"},
+        {2, {-2, 5}, "entry 0, token -2"},
+        {-1, {0}, "-1 ids"},
+        {641, {0}, "641 ids"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        dfl_context_params dpar = dfl_context_default_params();
+        dpar.target = tc;
+        dpar.n_draft_vocab = bad[i].n;
+        dpar.draft_vocab = bad[i].ids;
+        err.code = DFL_OK;
+        err.msg[0] = '\0';
+        dfl_context *dc = dfl_context_new(dm, &dpar, &err);
+        CHECK_MSG(dc == NULL, "case %zu accepted", i);
+        dfl_context_free(dc);
+        CHECK_STR_CONTAINS(err.msg, bad[i].msg);
+    }
+    dfl_context_params dpar = dfl_context_default_params();
+    dpar.target = tc;
+    dpar.n_draft_vocab = 2;
+    dpar.draft_vocab = NULL;
+    CHECK(dfl_context_new(dm, &dpar, &err) == NULL);
+    CHECK_STR_CONTAINS(err.msg, "no id list");
+    dpar.draft_vocab = ids;
+    CHECK(dfl_context_new(dsm, &dpar, &err) == NULL); /* the DSpark drafter reads the whole head */
+    CHECK_STR_CONTAINS(err.msg, "DFlash drafters only");
+    dfl_context_free(tc);
+    dfl_model_free(tm);
+    dfl_model_free(dm);
+    dfl_model_free(dsm);
+}
+
+/* The "tokens":[...] array of a --json line (empty when missing). */
+static void json_tokens(const char *out, char *dst, size_t cap) {
+    const char *a = strstr(out, "\"tokens\":[");
+    const char *b = a != NULL ? strchr(a, ']') : NULL;
+    const size_t n = b != NULL ? (size_t)(b - a) : 0;
+    snprintf(dst, cap, "%.*s", (int)(n < cap ? n : cap - 1), a != NULL ? a : "");
+}
+
+/* The CLI on the embedded pair: --draft-vocab N and a file give the tokens of --no-spec; bad
+ * values and files are refused with a message. */
+TEST(draft_vocab_cli) {
+    char out[65536], cmd[2048], ref[8192], got[8192], path[512];
+    const char *p = "-p 'def main():' -n 40 -t 1 --json";
+    snprintf(cmd, sizeof(cmd), "%s generate %s --no-spec 2>/dev/null", test_cli_path(), p);
+    REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
+    json_tokens(out, ref, sizeof(ref));
+    CHECK(strlen(ref) > 20);
+    snprintf(cmd, sizeof(cmd), "%s generate %s --draft-vocab 300 2>/dev/null", test_cli_path(), p);
+    REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
+    json_tokens(out, got, sizeof(got));
+    CHECK_MSG(strcmp(got, ref) == 0, "tokens differ from --no-spec:\n%s\n---\n%s", got, ref);
+    test_path(t, "ids.txt", path, sizeof(path));
+    FILE *f = fopen(path, "w");
+    REQUIRE(f != NULL);
+    fprintf(f, "# ids, commonest first\n");
+    for (int i = 4095; i >= 0; i -= 2) fprintf(f, "%d%s", i, i % 20 == 1 ? "\n" : ", ");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "%s generate %s --draft-vocab-file %s --draft-vocab 1000 2>/dev/null", test_cli_path(), p, path);
+    REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
+    json_tokens(out, got, sizeof(got));
+    CHECK_MSG(strcmp(got, ref) == 0, "tokens differ from --no-spec:\n%s\n---\n%s", got, ref);
+    snprintf(cmd, sizeof(cmd), "%s generate %s --draft-vocab 0 2>&1", test_cli_path(), p);
+    CHECK(test_run(cmd, out, sizeof(out)) != 0);
+    CHECK_STR_CONTAINS(out, "invalid value '0' for --draft-vocab");
+    snprintf(cmd, sizeof(cmd), "%s generate %s --draft-vocab 5000 2>&1", test_cli_path(), p);
+    CHECK(test_run(cmd, out, sizeof(out)) != 0);
+    CHECK_STR_CONTAINS(out, "outside 1..4096");
+    f = fopen(path, "w");
+    REQUIRE(f != NULL);
+    fprintf(f, "12 13\n14 x7\n");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "%s generate %s --draft-vocab-file %s 2>&1", test_cli_path(), p, path);
+    CHECK(test_run(cmd, out, sizeof(out)) != 0);
+    CHECK_STR_CONTAINS(out, "line 2: 'x7");
+    f = fopen(path, "w");
+    REQUIRE(f != NULL);
+    fprintf(f, "# nothing\n");
+    fclose(f);
+    CHECK(test_run(cmd, out, sizeof(out)) != 0);
+    CHECK_STR_CONTAINS(out, "holds no token ids");
+    snprintf(cmd, sizeof(cmd), "%s generate %s --draft-vocab-file %s/none.txt 2>&1", test_cli_path(), p, path);
+    CHECK(test_run(cmd, out, sizeof(out)) != 0);
+}

@@ -1,6 +1,7 @@
 /* cmd_tokenize.c: `dflash tokenize -m MODEL.gguf -p TEXT [--json] [--no-special]`: the token ids
  * (and pieces) of a text with the vocabulary of a GGUF file (a model or a vocabulary-only file);
- * `--bench -f FILE` measures the encoding speed (MB/s, one thread). */
+ * `--bench -f FILE` measures the encoding speed (MB/s, one thread); `--freq` lists the ids that
+ * occur, commonest first (a --draft-vocab-file, docs/drafter.md). */
 #include "cli_common.h"
 #include "cmds.h"
 #include "base/jsonw.h"
@@ -20,6 +21,8 @@ static void usage(FILE *out) {
             "  -f, --file PATH    read the text from a file (bytes as they are)\n"
             "  --json             print JSON: {\"n_tokens\", \"tokens\": [{\"id\", \"piece\"}...]}\n"
             "  --ids              print only the ids, as [1, 2, 3]\n"
+            "  --freq             print the ids that occur, commonest first (ties: lower id first),\n"
+            "                     one per line with its count as a comment: a --draft-vocab-file\n"
             "  --no-special       control tokens written in the text stay text (<|im_start|> ...)\n"
             "  --add-special      add BOS/EOS where the vocabulary asks for it\n"
             "  --chat             render TEXT as a user message with the ChatML template first\n"
@@ -96,9 +99,41 @@ static int bench(const dfl_vocab *v, const char *text, size_t len, int reps, boo
     return 0;
 }
 
+typedef struct tok_count {
+    int64_t n;
+    int32_t id;
+} tok_count;
+
+static int cmp_count(const void *a, const void *b) {
+    const tok_count *x = a, *y = b;
+    if (x->n != y->n) return x->n > y->n ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* --freq: the ids of tok[0..n), commonest first, "ID  # COUNT" per line. 0, or 1 (out of memory). */
+static int print_freq(const dfl_vocab *v, const int32_t *tok, int64_t n) {
+    const int64_t nv = dfl_vocab_n_tokens(v);
+    tok_count *c = calloc((size_t)(nv > 0 ? nv : 1), sizeof(tok_count));
+    if (c == NULL) {
+        fprintf(stderr, "dflash tokenize: out of memory\n");
+        return 1;
+    }
+    for (int64_t i = 0; i < nv; i++) c[i].id = (int32_t)i;
+    for (int64_t i = 0; i < n; i++) {
+        if (tok[i] >= 0 && tok[i] < nv) c[tok[i]].n++;
+    }
+    int64_t n_ids = 0;
+    for (int64_t i = 0; i < nv; i++) n_ids += c[i].n > 0;
+    qsort(c, (size_t)nv, sizeof(tok_count), cmp_count);
+    printf("# %lld tokens, %lld distinct ids, commonest first (dflash tokenize --freq)\n", (long long)n, (long long)n_ids);
+    for (int64_t i = 0; i < nv && c[i].n > 0; i++) printf("%d  # %lld\n", (int)c[i].id, (long long)c[i].n);
+    free(c);
+    return 0;
+}
+
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *file = NULL;
-    bool json = false, ids_only = false, parse_special = true, add_special = false, chat = false, do_bench = false;
+    bool json = false, ids_only = false, freq = false, parse_special = true, add_special = false, chat = false, do_bench = false;
     int reps = 10;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -125,6 +160,7 @@ int cmd_tokenize(int argc, char **argv) {
             reps = (int)r;
         } else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--ids")) ids_only = true;
+        else if (!strcmp(a, "--freq")) freq = true;
         else if (!strcmp(a, "--no-special")) parse_special = false;
         else if (!strcmp(a, "--add-special")) add_special = true;
         else if (!strcmp(a, "--chat")) chat = true;
@@ -212,6 +248,8 @@ int cmd_tokenize(int argc, char **argv) {
         jsonw_arr_end(&w);
         jsonw_obj_end(&w);
         putchar('\n');
+    } else if (freq) {
+        rc = print_freq(v, tok, n);
     } else if (ids_only) {
         putchar('[');
         for (int64_t i = 0; i < n; i++) printf("%s%d", i ? ", " : "", (int)tok[i]);

@@ -4,13 +4,15 @@
  * elsewhere; its logits are the whole head's on H (same bits) and -inf off H, also spread over
  * several sequences of different draft lengths; plain, packed Q8_0 and packed Q4_K_M (Q6_K head)
  * weights; the speculative output stays the target's own greedy output; bad id lists, a target
- * context and a DSpark drafter are refused with a message; the CLI's --draft-vocab options. */
+ * context and a DSpark drafter are refused with a message; the CLI's --draft-vocab options and
+ * `dflash tokenize --freq`. */
 #include "test.h"
 #include "test_util.h"
 #include "speculative/session.h"
 #include "model/context.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,25 +245,67 @@ TEST(draft_vocab_cli) {
     REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
     json_tokens(out, got, sizeof(got));
     CHECK_MSG(strcmp(got, ref) == 0, "tokens differ from --no-spec:\n%s\n---\n%s", got, ref);
-    snprintf(cmd, sizeof(cmd), "%s generate %s --draft-vocab 0 2>&1", test_cli_path(), p);
-    CHECK(test_run(cmd, out, sizeof(out)) != 0);
-    CHECK_STR_CONTAINS(out, "invalid value '0' for --draft-vocab");
-    snprintf(cmd, sizeof(cmd), "%s generate %s --draft-vocab 5000 2>&1", test_cli_path(), p);
-    CHECK(test_run(cmd, out, sizeof(out)) != 0);
-    CHECK_STR_CONTAINS(out, "outside 1..4096");
-    f = fopen(path, "w");
-    REQUIRE(f != NULL);
-    fprintf(f, "12 13\n14 x7\n");
-    fclose(f);
-    snprintf(cmd, sizeof(cmd), "%s generate %s --draft-vocab-file %s 2>&1", test_cli_path(), p, path);
-    CHECK(test_run(cmd, out, sizeof(out)) != 0);
-    CHECK_STR_CONTAINS(out, "line 2: 'x7");
-    f = fopen(path, "w");
-    REQUIRE(f != NULL);
-    fprintf(f, "# nothing\n");
-    fclose(f);
-    CHECK(test_run(cmd, out, sizeof(out)) != 0);
-    CHECK_STR_CONTAINS(out, "holds no token ids");
-    snprintf(cmd, sizeof(cmd), "%s generate %s --draft-vocab-file %s/none.txt 2>&1", test_cli_path(), p, path);
-    CHECK(test_run(cmd, out, sizeof(out)) != 0);
+    /* refused with a message: bad values, a bad file, an empty list, a missing file */
+    struct { const char *file_text, *args, *msg; } bad[] = {
+        {NULL, "--draft-vocab 0", "invalid value '0' for --draft-vocab"},
+        {NULL, "--draft-vocab 5000", "outside 1..4096"},
+        {"12 13\n14 x7\n", "--draft-vocab-file", "line 2: 'x7"},
+        {"# nothing\n", "--draft-vocab-file", "holds no token ids"},
+        {NULL, "--draft-vocab-file /nonexistent/ids.txt", "/nonexistent/ids.txt"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (bad[i].file_text != NULL) {
+            f = fopen(path, "w");
+            REQUIRE(f != NULL);
+            fputs(bad[i].file_text, f);
+            fclose(f);
+        }
+        snprintf(cmd, sizeof(cmd), "%s generate %s %s %s 2>&1", test_cli_path(), p, bad[i].args,
+                 bad[i].file_text != NULL ? path : "");
+        CHECK_MSG(test_run(cmd, out, sizeof(out)) != 0, "accepted: %s", bad[i].args);
+        CHECK_STR_CONTAINS(out, bad[i].msg);
+    }
+}
+
+/* dflash tokenize --freq: a comment line, then every id that occurs once, counts descending (ties:
+ * ids ascending), counts summing to the token count; readable back as a --draft-vocab-file. */
+TEST(draft_vocab_tokenize_freq) {
+    char cmd[2048], out[65536], ids[65536];
+    const char *text = "And God said, Let there be light: and there was light. And God saw the light, that it was good";
+    snprintf(cmd, sizeof(cmd), "%s tokenize -m %s/target.gguf -p '%s' --ids", test_cli_path(), DFLASH_MODEL_DIR, text);
+    REQUIRE(test_run(cmd, ids, sizeof(ids)) == 0);
+    snprintf(cmd, sizeof(cmd), "%s tokenize -m %s/target.gguf -p '%s' --freq", test_cli_path(), DFLASH_MODEL_DIR, text);
+    REQUIRE(test_run(cmd, out, sizeof(out)) == 0);
+    REQUIRE(out[0] == '#');
+    int64_t n_tok = 0, counts[4096];
+    memset(counts, 0, sizeof(counts));
+    for (const char *q = ids + 1; *q != '\0' && *q != ']';) { /* [1, 2, 3] */
+        char *e;
+        const long v = strtol(q, &e, 10);
+        if (e == q) break;
+        REQUIRE(v >= 0 && v < 4096);
+        counts[v]++;
+        n_tok++;
+        q = e;
+        while (*q == ',' || *q == ' ') q++;
+    }
+    REQUIRE(n_tok > 5);
+    int64_t sum = 0, prev_n = INT64_MAX, prev_id = -1, n_lines = 0;
+    for (const char *q = strchr(out, '\n') + 1; *q != '\0'; q = strchr(q, '\n') + 1) {
+        long id = -1, c = -1;
+        REQUIRE(sscanf(q, "%ld  # %ld", &id, &c) == 2);
+        REQUIRE(id >= 0 && id < 4096);
+        CHECK_MSG(counts[id] == c, "id %ld: count %ld, the text has %lld", id, c, (long long)counts[id]);
+        CHECK_MSG(c < prev_n || (c == prev_n && id > prev_id), "id %ld (count %ld) after id %lld (count %lld)", id, c,
+                  (long long)prev_id, (long long)prev_n);
+        prev_n = c;
+        prev_id = id;
+        sum += c;
+        n_lines++;
+        if (strchr(q, '\n') == NULL) break;
+    }
+    CHECK_EQ_INT(sum, n_tok);
+    int64_t distinct = 0;
+    for (int i = 0; i < 4096; i++) distinct += counts[i] > 0;
+    CHECK_EQ_INT(n_lines, distinct);
 }

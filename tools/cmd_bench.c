@@ -336,10 +336,16 @@ int cmd_bench(int argc, char **argv) {
             printf("%s,%.2f,%.3f,%.2f,\"%s\"\n", b.rows[i].name, b.rows[i].tok_s, b.rows[i].ms, b.rows[i].gb_s, b.rows[i].note);
         }
     } else {
-        printf("model: %s (%s, %lld layers, n_embd %lld, %.1f MB)%s%s, threads %d (0 = all cores), %s queues, "
+        char dv[96] = ""; /* the reduced draft vocabulary, when one is set */
+        if (b.s.drafter != NULL && (b.o.draft_vocab > 0 || b.o.draft_vocab_ids != NULL)) {
+            snprintf(dv, sizeof(dv), " (draft vocabulary: %s%d ids)", b.o.draft_vocab_ids != NULL ? "the file's first " : "",
+                     b.o.draft_vocab_ids != NULL ? b.o.n_draft_vocab_ids : b.o.draft_vocab);
+        }
+        printf("model: %s (%s, %lld layers, n_embd %lld, %.1f MB)%s%s%s, threads %d (0 = all cores), %s queues, "
                "median of %d after a warm-up\n\n",
                b.o.model ? b.o.model : b.s.tpath, dfl_arch_name(hp->arch), (long long)hp->n_layer, (long long)hp->n_embd, (double)b.weight_bytes / 1e6,
-               b.s.drafter ? ", drafter " : "", b.s.drafter ? (b.o.draft ? b.o.draft : b.s.dpath) : "", b.o.n_threads, b.o.async ? "async" : "sync", b.reps);
+               b.s.drafter ? ", drafter " : "", b.s.drafter ? (b.o.draft ? b.o.draft : b.s.dpath) : "", dv, b.o.n_threads,
+               b.o.async ? "async" : "sync", b.reps);
         printf("| test | tok/s | ms | GB/s | notes |\n|---|---:|---:|---:|---|\n");
         for (int i = 0; i < b.n_rows; i++) {
             char gbs[32] = "", toks[32] = "";

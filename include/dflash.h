@@ -122,8 +122,8 @@ typedef struct dfl_context_params {
     dfl_device device;
     /* drafter contexts only: a reduced draft vocabulary (docs/drafter.md "Reduced draft
      * vocabulary"). The head computes the logits of these n_draft_vocab token ids only (unique,
-     * inside the vocabulary; copied), so drafts are always among them, and a draft is the whole
-     * head's whenever the whole head's argmax is among them. The target still verifies against
+     * inside the vocabulary; copied), so drafts are always among them, and on the CPU a draft is
+     * the whole head's whenever the whole head's argmax is among them. The target verifies against
      * its whole vocabulary: the output is unchanged, only acceptance can drop. 0: the whole head.
      * DFlash drafters only (not DSpark or DFlash2). */
     int32_t n_draft_vocab;
@@ -441,9 +441,9 @@ typedef struct dfl_engine_params {
     void (*draft_hook)(void *user, int32_t seq, int32_t *draft, int32_t n_draft);
     void *draft_hook_user;
     /* optional: a reduced draft vocabulary (dfl_context_params.n_draft_vocab; lossless): the
-     * drafter's head computes these ids only. draft_vocab NULL: ids 0 .. n_draft_vocab - 1 (a
-     * BPE vocabulary's ids follow its merge order, commonest first) plus the vocabulary's
-     * end-of-generation tokens; 0: the whole vocabulary */
+     * drafter's head computes these n_draft_vocab ids (draft_vocab NULL: ids 0 .. n_draft_vocab
+     * - 1, as a BPE vocabulary numbers its tokens in merge order, the commonest first) plus the
+     * vocabulary's end-of-generation tokens; 0: the whole vocabulary */
     int32_t n_draft_vocab;
     const int32_t *draft_vocab;
 } dfl_engine_params;

@@ -240,9 +240,9 @@ void cli_print_common_help(FILE *out) {
             "                          a DSpark drafter cuts on its confidence head instead\n"
             "  --draft-vocab N         the drafter's head computes N tokens only (lossless: the\n"
             "                          target verifies over all; fewer drafts may be accepted):\n"
-            "                          ids 0..N-1 plus the end tokens, or the first N of\n"
-            "  --draft-vocab-file F    token ids, commonest first (DFlash drafters only;\n"
-            "                          docs/drafter.md \"Reduced draft vocabulary\")\n"
+            "                          ids 0..N-1, or the first N of (all without N)\n"
+            "  --draft-vocab-file F    token ids, commonest first; the end tokens are added\n"
+            "                          (DFlash drafters only; docs/drafter.md)\n"
             "  --features host|device  how target features reach the drafter (default device;\n"
             "                          env DFLASH_FEATURES)\n"
             "  --feature-wait host|device  where the drafter waits for the target's features\n"
@@ -359,8 +359,9 @@ int cli_load_draft_vocab(cli_opts *o, int32_t **ids, const char *cmd) {
         while (j < len && text[j] >= '0' && text[j] <= '9' && x <= INT32_MAX) x = 10 * x + (text[j++] - '0');
         const bool end = j == len || strchr(" \t\r\n,#", text[j]) != NULL;
         if (j == i || !end || x > INT32_MAX) {
-            fprintf(stderr, "dflash %s: %s, line %d: '%.20s' is not a token id (a decimal number)\n", cmd,
-                    o->draft_vocab_file, line, text + i);
+            const size_t w = strcspn(text + i, " \t\r\n,#");
+            fprintf(stderr, "dflash %s: %s, line %d: '%.*s' is not a token id (a decimal number)\n", cmd,
+                    o->draft_vocab_file, line, (int)(w < 40 ? w : 40), text + i);
             free(text);
             free(v);
             return 1;

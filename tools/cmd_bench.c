@@ -338,8 +338,11 @@ int cmd_bench(int argc, char **argv) {
     } else {
         char dv[96] = ""; /* the reduced draft vocabulary, when one is set */
         if (b.s.drafter != NULL && (b.o.draft_vocab > 0 || b.o.draft_vocab_ids != NULL)) {
-            snprintf(dv, sizeof(dv), " (draft vocabulary: %s%d ids)", b.o.draft_vocab_ids != NULL ? "the file's first " : "",
-                     b.o.draft_vocab_ids != NULL ? b.o.n_draft_vocab_ids : b.o.draft_vocab);
+            if (b.o.draft_vocab_ids != NULL) {
+                snprintf(dv, sizeof(dv), " (draft vocabulary: %d ids of --draft-vocab-file + the end tokens)", b.o.n_draft_vocab_ids);
+            } else {
+                snprintf(dv, sizeof(dv), " (draft vocabulary: ids 0..%d + the end tokens)", b.o.draft_vocab - 1);
+            }
         }
         printf("model: %s (%s, %lld layers, n_embd %lld, %.1f MB)%s%s%s, threads %d (0 = all cores), %s queues, "
                "median of %d after a warm-up\n\n",

@@ -228,7 +228,9 @@ int cmd_tokenize(int argc, char **argv) {
         goto done;
     }
     char piece[4096];
-    if (json) {
+    if (freq) {
+        rc = print_freq(v, tok, n);
+    } else if (json) {
         jsonw w;
         jsonw_init(&w, stdout);
         jsonw_obj_begin(&w);
@@ -248,8 +250,6 @@ int cmd_tokenize(int argc, char **argv) {
         jsonw_arr_end(&w);
         jsonw_obj_end(&w);
         putchar('\n');
-    } else if (freq) {
-        rc = print_freq(v, tok, n);
     } else if (ids_only) {
         putchar('[');
         for (int64_t i = 0; i < n; i++) printf("%s%d", i ? ", " : "", (int)tok[i]);

@@ -276,29 +276,37 @@ dfl_engine *dfl_engine_new_from_models(dfl_model *target, dfl_model *drafter, co
         dp.target = e->tctx;
         int32_t *hot = NULL; /* the reduced draft vocabulary (dfl_engine_params.n_draft_vocab) */
         if (p.n_draft_vocab != 0) {
-            dp.n_draft_vocab = p.n_draft_vocab;
-            dp.draft_vocab = p.draft_vocab;
-            if (p.draft_vocab == NULL && (p.n_draft_vocab < 1 || p.n_draft_vocab > e->n_vocab)) {
+            if (p.n_draft_vocab < 1 || p.n_draft_vocab > e->n_vocab) {
                 error_set(err, DFL_ERR_INVALID, "engine: draft vocabulary of %d tokens is outside 1..%lld (the vocabulary)",
                           p.n_draft_vocab, (long long)e->n_vocab);
                 goto fail;
             }
-            if (p.draft_vocab == NULL) { /* ids 0 .. n-1 (BPE merge order: the commonest first) + the end tokens */
-                hot = malloc((size_t)e->n_vocab * sizeof(int32_t));
-                if (hot == NULL) {
-                    error_set(err, DFL_ERR_NOMEM, "engine: out of memory");
-                    goto fail;
-                }
-                int32_t n_hot = 0;
-                for (int32_t t = 0; t < (int32_t)e->n_vocab; t++) {
-                    if (t < p.n_draft_vocab || (vocab != NULL && dfl_vocab_is_eog(vocab, t))) hot[n_hot++] = t;
-                }
-                dp.n_draft_vocab = n_hot;
-                dp.draft_vocab = hot;
+            /* the given ids (or 0 .. n-1: BPE merge order, the commonest first), then the end
+             * tokens not among them, so that a draft can end where the target ends */
+            hot = malloc((size_t)(p.n_draft_vocab + e->n_vocab) * sizeof(int32_t));
+            bool *seen = calloc((size_t)e->n_vocab, sizeof(bool));
+            if (hot == NULL || seen == NULL) {
+                free(hot);
+                free(seen);
+                error_set(err, DFL_ERR_NOMEM, "engine: out of memory");
+                goto fail;
             }
+            int32_t n_hot = 0;
+            for (int32_t i = 0; i < p.n_draft_vocab; i++) {
+                const int32_t id = p.draft_vocab != NULL ? p.draft_vocab[i] : i;
+                hot[n_hot++] = id; /* duplicates and ids outside the vocabulary: the context says which */
+                if (id >= 0 && id < e->n_vocab) seen[id] = true;
+            }
+            for (int32_t id = 0; vocab != NULL && id < (int32_t)e->n_vocab; id++) {
+                if (!seen[id] && dfl_vocab_is_eog(vocab, id)) hot[n_hot++] = id;
+            }
+            free(seen);
+            dp.n_draft_vocab = n_hot;
+            dp.draft_vocab = hot;
         }
         e->dctx = dfl_context_new(drafter, &dp, err);
         free(hot);
+        e->params.draft_vocab = NULL; /* the caller's: not kept */
         if (e->dctx == NULL) goto fail;
         spec_params sp = spec_default_params();
         sp.n_draft = n_draft;

@@ -252,6 +252,7 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
     }
     ctx->model = model;
     ctx->params = p;
+    ctx->params.draft_vocab = NULL; /* copied by the drafter state (drafter_state_new), not kept */
     ctx->n_ub = p.n_ubatch;
     ctx->n_out_max = p.n_outputs > 0 ? p.n_outputs : (p.n_batch < 64 ? p.n_batch : 64);
     if (ctx->n_out_max > p.n_batch) ctx->n_out_max = p.n_batch;

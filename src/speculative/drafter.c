@@ -103,10 +103,13 @@ static dfl_status drafter_hot_init(dfl_context *d, drafter_state *ds, const int3
     const tensor plain = tensor_2d(src->type, rows, src->ne[0], n); /* [n_embd, n_hot] host rows */
     const bool host = backend_get_caps(d->be).host_visible;
     const size_t pack = host && !no_pack ? backend_weight_pack_size(d->be, &plain) : 0;
-    ds->hot_buf = backend_buffer_alloc(d->be, pack > 0 ? pack : bytes, err);
+    dfl_error e2;
+    error_clear(&e2);
+    ds->hot_buf = backend_buffer_alloc(d->be, pack > 0 ? pack : bytes, &e2);
     if (ds->hot_buf == NULL) {
         free(rows);
-        return err->code;
+        return error_set(err, e2.code, "draft vocabulary: cannot allocate its %.1f MB of head rows: %s",
+                         (double)(pack > 0 ? pack : bytes) / 1e6, e2.msg);
     }
     if (pack > 0) {
         ds->hot_w = backend_weight_pack(d->be, &plain, backend_buffer_base(ds->hot_buf));

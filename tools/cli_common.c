@@ -354,12 +354,17 @@ int cli_load_draft_vocab(cli_opts *o, int32_t **ids, const char *cmd) {
             i++;
             continue;
         }
-        int64_t x = 0;
-        size_t j = i;
-        while (j < len && text[j] >= '0' && text[j] <= '9' && x <= INT32_MAX) x = 10 * x + (text[j++] - '0');
-        const bool end = j == len || strchr(" \t\r\n,#", text[j]) != NULL;
-        if (j == i || !end || x > INT32_MAX) {
-            const size_t w = strcspn(text + i, " \t\r\n,#");
+        /* one word up to the next separator, read by the options' own integer parser */
+        const size_t w = strcspn(text + i, " \t\r\n,#");
+        char word[24];
+        int64_t x = -1;
+        bool ok = w < sizeof(word);
+        if (ok) {
+            memcpy(word, text + i, w);
+            word[w] = '\0';
+            ok = parse_i64(word, 0, INT32_MAX, &x);
+        }
+        if (!ok) {
             fprintf(stderr, "dflash %s: %s, line %d: '%.*s' is not a token id (a decimal number)\n", cmd,
                     o->draft_vocab_file, line, (int)(w < 40 ? w : 40), text + i);
             free(text);
@@ -378,7 +383,7 @@ int cli_load_draft_vocab(cli_opts *o, int32_t **ids, const char *cmd) {
             v = nv;
         }
         v[n++] = (int32_t)x;
-        i = j;
+        i += w;
     }
     free(text);
     if (n == 0) {

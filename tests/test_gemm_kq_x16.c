@@ -1,8 +1,10 @@
 /* test_gemm_kq_x16.c: Q4_K / Q6_K weights packed for the AVX2 and AVX-512 kernels (TENSOR_LAYOUT_KQ_X16,
- * cpu_pack.c): 16 rows per group, one record per super-block with row i in 32-bit lane i.
+ * and Q6_K for AVX2 as TENSOR_LAYOUT_Q6K_X16V; cpu_pack.c): 16 rows per group, one record per
+ * super-block with row i in 32-bit lane i.
  * - the layout: every record field at its offset (d, dmin, the unpacked 6-bit / int8 scales, the
- *   Q4_K quant dwords, the Q6_K values as bytes), the last group padded with the last row; which
- *   levels pack (AVX2 and AVX-512; the scalar level reads the blocks);
+ *   Q4_K quant dwords, the Q6_K ql / qh dwords or, Q6K_X16V, its 6-bit values four in three bytes),
+ *   the last group padded with the last row; which levels pack (AVX2 and AVX-512; the scalar level
+ *   reads the blocks);
  * - the packed kernels give the bits of the plain kernels on awkward shapes (n_in 256 .. 2816,
  *   outputs 1 .. 37, rows 1 .. 130), random and extreme blocks; the packed reference gives the
  *   bits of the plain reference (also at levels that do not pack);
@@ -57,14 +59,18 @@ TEST(gemm_kq_x16_layout) {
     }
     cpu_kernels_init_ref(&kr);
     rng r = {123};
-    for (int ti = 0; ti < 2; ti++) {
+    for (int lt = 0; lt < 4; lt++) { /* (level, type): AVX2 then AVX-512 (if here), Q4_K then Q6_K */
+        const int ti = lt % 2;
+        if (lt == 2 && !kx_level(2, &k)) break;
         const uint32_t type = k_kt[ti];
         const int64_t n_in = 512, n_out = 19, nsb = 2; /* two groups, the second padded */
         void *w = make_kq_weight(&r, type, n_in, n_out, false);
         tensor tp;
         uint8_t *p = kx_pack(&k, type, w, n_in, n_out, &tp);
         const size_t rec = tensor_kq_x16_record_bytes(type);
-        CHECK_EQ_INT(tp.layout, TENSOR_LAYOUT_KQ_X16);
+        /* AVX2 reads Q6_K as ready 6-bit values, AVX-512 as the block's ql / qh */
+        const bool vl = type == QUANT_TYPE_Q6_K && lt < 2;
+        CHECK_EQ_INT(tp.layout, vl ? TENSOR_LAYOUT_Q6K_X16V : TENSOR_LAYOUT_KQ_X16);
         CHECK_EQ_INT(tp.nb[1], rec * nsb / 16);
         int bad = 0;
         for (int64_t o = 0; o < 32 && !bad; o++) {
@@ -86,10 +92,19 @@ TEST(gemm_kq_x16_layout) {
                     bad |= memcmp(R + 2 * i, &b->d, 2) != 0 || R[32 + i] != 0;
                     for (int j = 0; j < 16; j++)
                         bad |= (int8_t)R[CPU_KQ_X16_Q6K_SC + 16 * j + i] != b->scales[j];
-                    for (int q = 0; q < 32; q++)
+                    for (int q = 0; q < 32 && !vl; q++)
                         bad |= memcmp(R + CPU_KQ_X16_Q6K_QL + 64 * q + 4 * i, b->ql + 4 * q, 4) != 0;
-                    for (int q = 0; q < 16; q++)
+                    for (int q = 0; q < 16 && !vl; q++)
                         bad |= memcmp(R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, b->qh + 4 * q, 4) != 0;
+                    for (int j = 0; j < 16 && vl; j++) { /* sub-block j: 3 dwords, written out by hand */
+                        for (int kk = 0; kk < 3; kk++) {
+                            for (int e = 0; e < 4; e++) {
+                                const int lo = cpu_q6_K_value(b, 16 * j + 4 * kk + e) + 32;
+                                const int hi = ((cpu_q6_K_value(b, 16 * j + 12 + e) + 32) >> (2 * kk)) & 3;
+                                bad |= R[CPU_Q6K_X16V_QV + 64 * (3 * j + kk) + 4 * i + e] != (uint8_t)(lo | hi << 6);
+                            }
+                        }
+                    }
                     /* the reference's whole-block decode (what the x16 reference reads) against its
                      * element-wise one */
                     int8_t v[QK_K];
@@ -165,7 +180,7 @@ TEST(gemm_kq_x16_same_bits_as_plain) {
                             kx_cmp(t, y1, y0, n_out * n_rows, n_out, what, type, n_in);
                             if (n_rows <= 5 && ni < 2) {
                                 cpu_matmul_q_ref(type, w, wrow, &act, 0, n_rows, y0, n_out, 0, n_out);
-                                cpu_matmul_kq_x16_ref(type, p, tp.nb[1], &act, 0, n_rows, y1, n_out, 0, n_out);
+                                cpu_matmul_kq_x16_ref(type, tp.layout, p, tp.nb[1], &act, 0, n_rows, y1, n_out, 0, n_out);
                                 kx_cmp(t, y1, y0, n_out * n_rows, n_out, "packed ref vs plain ref", type, n_in);
                             }
                             free(p);
@@ -278,6 +293,14 @@ TEST(gemm_kq_x16_ops_and_validation) {
             error_clear(&err);
             CHECK(backend_op_validate(be, &m, &err) == DFL_ERR_INVALID);
             CHECK_STR_CONTAINS(err.msg, "neither q4_K nor q6_K");
+            if (tp.layout == TENSOR_LAYOUT_Q6K_X16V) { /* the values layout is Q6_K's only */
+                m.src[0] = tp;
+                m.src[0].type = QUANT_TYPE_Q4_K;
+                m.src[0].nb[1] = tensor_kq_x16_record_bytes(QUANT_TYPE_Q4_K) * (size_t)(n_in / QK_K) / 16;
+                error_clear(&err);
+                CHECK(backend_op_validate(be, &m, &err) == DFL_ERR_INVALID);
+                CHECK_STR_CONTAINS(err.msg, "is not q6_K");
+            }
             free(p);
             free(w);
         }
@@ -296,8 +319,9 @@ static void kx_check_packed(test_ctx *t, dfl_context *c) {
         const tensor *ts[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
         for (int i = 0; i < 7; i++) {
             CHECK(ts[i]->type != QUANT_TYPE_Q4_K || ts[i]->layout == TENSOR_LAYOUT_KQ_X16);
-            CHECK(ts[i]->type != QUANT_TYPE_Q6_K || ts[i]->layout == TENSOR_LAYOUT_KQ_X16);
-            n_packed += ts[i]->layout == TENSOR_LAYOUT_KQ_X16;
+            CHECK(ts[i]->type != QUANT_TYPE_Q6_K || ts[i]->layout == TENSOR_LAYOUT_KQ_X16 ||
+                  ts[i]->layout == TENSOR_LAYOUT_Q6K_X16V);
+            n_packed += ts[i]->layout != TENSOR_LAYOUT_PLAIN;
         }
     }
     CHECK(n_packed >= 10);

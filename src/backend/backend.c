@@ -185,10 +185,12 @@ static dfl_status check_tensor(dfl_error *err, const backend_op *op, const char 
 static dfl_status check_weight(dfl_error *err, const backend_op *op, const tensor *w) {
     if (w->layout == TENSOR_LAYOUT_PLAIN) return check_tensor(err, op, "w", w);
     const char *what = NULL;
-    if (w->layout == TENSOR_LAYOUT_KQ_X16) {
+    if (w->layout == TENSOR_LAYOUT_KQ_X16 || w->layout == TENSOR_LAYOUT_Q6K_X16V) {
         const size_t rec = tensor_kq_x16_record_bytes(w->type);
         if (rec == 0) {
             what = "is packed as k-quant x16 but is neither q4_K nor q6_K";
+        } else if (w->layout == TENSOR_LAYOUT_Q6K_X16V && w->type != QUANT_TYPE_Q6_K) {
+            what = "is packed as q6_K x16 values but is not q6_K";
         } else if (w->ne[0] <= 0 || w->ne[0] % QK_K != 0 || w->ne[1] <= 0 || w->ne[2] != 1 || w->ne[3] != 1) {
             what = "is packed as k-quant x16: needs 2 dims with ne[0] a multiple of 256";
         } else if (w->nb[1] != rec * (size_t)(w->ne[0] / QK_K) / 16 || w->data == NULL || ((uintptr_t)w->data & 63) != 0) {

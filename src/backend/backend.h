@@ -57,14 +57,20 @@ typedef struct tensor {
  * record per super-block in which 32-bit lane i is row i's: its scales unpacked to one byte each
  * and its quants dword by dword (docs/quantization.md: the byte offsets). nb[1] = the record
  * bytes x super-blocks / 16; row addresses exist for multiples of 16 only, so a matmul over a
- * packed weight takes output ranges that start at a group (AVX2 and AVX-512 kernels). */
+ * packed weight takes output ranges that start at a group (AVX2 and AVX-512 kernels).
+ * TENSOR_LAYOUT_Q6K_X16V (CPU): a Q6_K weight as KQ_X16 (the same groups, record bytes, d and
+ * scales), but the quants as ready 6-bit values: per sub-block of 16 values three dwords per lane,
+ * values 0..11 in bits 0..5 of their bytes and the 2-bit pieces of values 12..15 in bits 6..7
+ * (docs/quantization.md). The AVX2 kernels read it; AVX-512 reads KQ_X16. */
 typedef enum tensor_layout {
     TENSOR_LAYOUT_PLAIN = 0,
     TENSOR_LAYOUT_Q8_0_X16 = 1,
     TENSOR_LAYOUT_KQ_X16 = 2,
+    TENSOR_LAYOUT_Q6K_X16V = 3,
 } tensor_layout;
 
-/* Bytes of one KQ_X16 record (16 rows, one super-block): Q4_K 2368, Q6_K 3392; 0 for other types. */
+/* Bytes of one KQ_X16 (or Q6K_X16V) record (16 rows, one super-block): Q4_K 2368, Q6_K 3392; 0 for
+ * other types. */
 size_t tensor_kq_x16_record_bytes(uint32_t type);
 
 /* A contiguous n-d view (ne1..ne3 = 1 when absent). ne0 must be a multiple of the block size. */

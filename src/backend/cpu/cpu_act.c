@@ -242,6 +242,7 @@ void cpu_kernels_init_ref(cpu_kernels *k) {
     k->matmul[QUANT_TYPE_Q4_K] = matmul_q_ref_q4_K;
     k->matmul[QUANT_TYPE_Q6_K] = matmul_q_ref_q6_K;
     k->matmul_packed[QUANT_TYPE_Q8_0] = cpu_matmul_q8_0_x16_ref;
+    k->pack_layout[QUANT_TYPE_Q8_0] = TENSOR_LAYOUT_Q8_0_X16;
     k->act_row[QUANT_TYPE_F32] = act_row_f32_copy;
     k->act_row[QUANT_TYPE_F16] = cpu_act_row_f16_ref;
     k->act_row[QUANT_TYPE_BF16] = cpu_act_row_bf16_ref;
@@ -277,6 +278,7 @@ void cpu_kernels_select(cpu_kernels *k, uint32_t features) {
     if ((features & BACKEND_CPU_FEATURE_AVX512) && (features & BACKEND_CPU_FEATURE_AVX512_VNNI) &&
         (features & BACKEND_CPU_FEATURE_AMX_INT8)) {
         k->matmul_packed[QUANT_TYPE_Q4_K] = cpu_mm_q4_K_x16_amx;
+        k->pack_layout[QUANT_TYPE_Q4_K] = TENSOR_LAYOUT_KQ_X16;
         k->name = "avx512+amx";
     }
 #else

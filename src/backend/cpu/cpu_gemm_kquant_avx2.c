@@ -10,11 +10,13 @@
  * Per (weight row, activation row): per super-block the exact int32 sums S and M, then
  * acc = fma(f32(S), d * dx, acc) and (Q4_K) acc = fnmadd(f32(M), dmin * dx, acc), super-blocks in
  * order from +0, so the bits do not depend on the tile, the row or output range, or the lane.
- * Packed weights (TENSOR_LAYOUT_KQ_X16, cpu_pack.c): a group of 8 is one half of a 16-row record,
- * decoded with loads into the same lanes: into the L1 buffer (kq_decode2_x16) for Q6_K batches of
- * 9+ rows, else straight into registers per tile of up to 4 activation rows (kq2_fused_rows), with the
- * next group's record prefetched (Zen 2's hardware prefetch alone leaves memory idle while it
- * computes: 1 row from memory 0.158 -> 0.122 ms on Q6_K 1024 x 3072). */
+ * Packed weights (cpu_pack.c: Q4_K as TENSOR_LAYOUT_KQ_X16, Q6_K as TENSOR_LAYOUT_Q6K_X16V, whose
+ * values need one mask for three vectors of four and 8 operations for the fourth, against 4-5 per
+ * vector from ql and qh): a group of 8 is one half of a 16-row record, decoded with loads into the
+ * same lanes: into the L1 buffer (kq_decode2_x16) for Q6_K batches of 9+ rows, else straight into
+ * registers per tile of up to 4 activation rows (kq2_fused_rows), with the next group's record
+ * prefetched (Zen 2's hardware prefetch alone leaves memory idle while it computes: 1 row from
+ * memory 0.158 -> 0.122 ms on Q6_K 1024 x 3072). */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_decode_ext.h" /* dx_transpose8 */
 
@@ -32,11 +34,13 @@
 #define KQ2_PF 2        /* X16: records prefetched ahead */
 /* Packed weights: kq2_fused_rows for every Q4_K batch and for Q6_K batches of at most
  * KQ2_FUSED_Q6 rows, else kq_decode2_x16 once + kq2_rows per row tile. Zen 2, 2 threads, 1024 x
- * 3072: Q4_K 16 rows 0.428 -> 0.388 ms and pp512 199 -> 213 tok/s fused; Q6_K 16 rows fused
- * 0.628 ms against 0.500 (its 6-bit assembly costs more ALU work than a reload from L1), while
- * the Q4_K_M 0.6B model's 8-row verify takes 58.1-58.8 ms with Q6_K fused up to 8 rows against
- * 62.3-68.2 ms up to 4. */
-#define KQ2_FUSED_Q6 8
+ * 3072: Q4_K 16 rows 0.428 -> 0.388 ms and pp512 199 -> 213 tok/s fused; Q6_K (then read from ql
+ * and qh) 16 rows fused 0.628 ms against 0.500, while the Q4_K_M 0.6B model's 8-row verify took
+ * 58.1-58.8 ms with Q6_K fused up to 8 rows against 62.3-68.2 ms up to 4. From the Q6K_X16V
+ * values (EPYC family 23, 1 thread, bench/kernel_ab.c): fused against the buffer at 9 rows 1.55
+ * against 1.96 ms, 12 rows 1.99 / 2.33, 16 rows 2.68 / 2.93, 32 rows 5.21 / 5.27, 64 rows 10.40 /
+ * 9.94. */
+#define KQ2_FUSED_Q6 16
 
 /* One super-block of a group of 8 weight rows; lane i = weight row i of the group. */
 typedef struct kq2_dec {
@@ -184,8 +188,26 @@ T2 INL void q6K_decode2(const uint8_t *const p[8], int64_t sb, kq2_dec *D) {
     q6K_assemble2(ql, qh, D);
 }
 
-/* The same decodes from half h (rows 8 h .. 8 h + 7) of a KQ_X16 record (cpu_pack.c): the lanes
- * are the 32-byte halves of its 64-byte vectors, so the transposes become loads; the same D. */
+/* The 4 value vectors of sub-block j (values 16 j + 4 k .. + 3 in lanes, q + 32) from half h of a
+ * Q6K_X16V record: three masks, and the fourth vector from the three dwords' top bits. */
+T2 INL void q6K_x16v_vecs(const uint8_t *R, int j, int h, __m256i v[4]) {
+    const __m256i m3f = _mm256_set1_epi8(0x3f);
+    const uint8_t *g = R + CPU_Q6K_X16V_QV + 64 * (3 * (size_t)j) + 32 * (size_t)h;
+    const __m256i a = _mm256_loadu_si256((const __m256i *)g);
+    const __m256i b = _mm256_loadu_si256((const __m256i *)(g + 64));
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(g + 128));
+    v[0] = _mm256_and_si256(a, m3f);
+    v[1] = _mm256_and_si256(b, m3f);
+    v[2] = _mm256_and_si256(c, m3f);
+    /* bits 6..7 of each byte of a, b, c -> bits 0..1, 2..3, 4..5 (16-bit shifts, masked per byte) */
+    v[3] = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 6), _mm256_set1_epi8(0x03)),
+                                           _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0c))),
+                           _mm256_and_si256(_mm256_srli_epi16(c, 2), _mm256_set1_epi8(0x30)));
+}
+
+/* The same decodes from half h (rows 8 h .. 8 h + 7) of a KQ_X16 (Q4_K) or Q6K_X16V (Q6_K) record
+ * (cpu_pack.c): the lanes are the 32-byte halves of its 64-byte vectors, so the transposes become
+ * loads; the same D. */
 T2 INL void kq_decode2_x16(const uint8_t *R, const int Q6, int h, kq2_dec *D) {
     uint16_t dh[8], mh[8];
     for (int i = 0; i < 8; i++) {
@@ -208,12 +230,8 @@ T2 INL void kq_decode2_x16(const uint8_t *R, const int Q6, int h, kq2_dec *D) {
             const __m256i nb = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * q + 1], 5));
             D->mp[q] = _mm256_or_si256(_mm256_and_si256(na, lo16), _mm256_slli_epi32(nb, 16));
         }
-        __m256i ql[32], qh[16];
-#pragma GCC unroll 32
-        for (int q = 0; q < 32; q++) ql[q] = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_Q6K_QL + 64 * q + 32 * h));
 #pragma GCC unroll 16
-        for (int q = 0; q < 16; q++) qh[q] = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_Q6K_QH + 64 * q + 32 * h));
-        q6K_assemble2(ql, qh, D);
+        for (int j = 0; j < 16; j++) q6K_x16v_vecs(R, j, h, D->w + 4 * j); /* values 16 j .. 16 j + 15 */
         return;
     }
 #pragma GCC unroll 8
@@ -311,38 +329,22 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
     if (Q6) {
         d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(R + 16 * h)));
 #pragma GCC unroll 1
-        for (int n2 = 0; n2 < 2; n2++) {
-#pragma GCC unroll 1
-            for (int q = 0; q < 4; q++) { /* values 128 n2 + 32 q + 4 ll, ll < 8 (q6K_vec2) */
-                /* (sc, sc) int16 pairs of the two scales 8 n2 + 2 q + e of these values, per lane */
-                __m256i scp[2];
+        for (int j = 0; j < 16; j++) { /* sub-block j: value vectors 4 j .. 4 j + 3 (Q6K_X16V) */
+            /* (sc, sc) int16 pairs of scale j per lane */
+            const __m128i b8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * j + 8 * h));
+            const __m256i scp = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b8, b8));
+            __m256i wv[4];
+            q6K_x16v_vecs(R, j, h, wv);
 #pragma GCC unroll 2
-                for (int e = 0; e < 2; e++) {
-                    const __m128i b8 =
-                        _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (8 * n2 + 2 * q + e) + 8 * h));
-                    scp[e] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b8, b8));
-                }
+            for (int t = 0; t < 2; t++) { /* value vectors v0 = 4 j + 2 t and v0 + 1 */
+                const int v0 = 4 * j + 2 * t;
+                const int li = 2 * j + t + h * Lh;
+                if (li < lend) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
 #pragma GCC unroll 4
-                for (int t = 0; t < 4; t++) { /* value vectors v0 = 32 n2 + 8 q + 2 t and v0 + 1 */
-                    __m256i w2[2];
-#pragma GCC unroll 2
-                    for (int u = 0; u < 2; u++) {
-                        const int ll = 2 * t + u;
-                        const __m256i qh =
-                            _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_Q6K_QH + 64 * (8 * n2 + ll) + 32 * h));
-                        const __m256i l4 = _mm256_loadu_si256(
-                            (const __m256i *)(R + CPU_KQ_X16_Q6K_QL + 64 * (16 * n2 + 8 * (q & 1) + ll) + 32 * h));
-                        w2[u] = q6K_vec2(l4, qh, q);
-                    }
-                    const int v0 = 32 * n2 + 8 * q + 2 * t;
-                    const int li = (16 * n2 + 4 * q + t) + h * Lh;
-                    if (li < lend) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
-#pragma GCC unroll 4
-                    for (int r = 0; r < NT; r++) {
-                        const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w2[0], bcast32_2(x0 + r * n + 4 * v0)),
-                                                             _mm256_maddubs_epi16(w2[1], bcast32_2(x0 + r * n + 4 * v0 + 4)));
-                        S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16, scp[t / 2]));
-                    }
+                for (int r = 0; r < NT; r++) {
+                    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(wv[2 * t], bcast32_2(x0 + r * n + 4 * v0)),
+                                                         _mm256_maddubs_epi16(wv[2 * t + 1], bcast32_2(x0 + r * n + 4 * v0 + 4)));
+                    S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16, scp));
                 }
             }
         }
@@ -414,7 +416,8 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
     }
 }
 
-/* X16: w is packed as TENSOR_LAYOUT_KQ_X16 (o0 % 16 == 0; a group of 8 is half of a record). */
+/* X16: w is packed as TENSOR_LAYOUT_KQ_X16 (Q4_K) or Q6K_X16V (Q6_K) (o0 % 16 == 0; a group of 8
+ * is half of a record). */
 T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const int X16, const cpu_act *act, int64_t r0,
                        int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1) {
     const int64_t nsb = act->n_in / QK_K;
@@ -510,6 +513,8 @@ void cpu_kernels_init_kquant_avx2(cpu_kernels *k) {
     k->matmul[QUANT_TYPE_Q6_K] = mm_q6_K_avx2;
     k->matmul_packed[QUANT_TYPE_Q4_K] = mm_q4_K_x16_avx2;
     k->matmul_packed[QUANT_TYPE_Q6_K] = mm_q6_K_x16_avx2;
+    k->pack_layout[QUANT_TYPE_Q4_K] = TENSOR_LAYOUT_KQ_X16;
+    k->pack_layout[QUANT_TYPE_Q6_K] = TENSOR_LAYOUT_Q6K_X16V;
 }
 
 #else

@@ -391,16 +391,18 @@ void cpu_kernels_init_kquant_avx512(cpu_kernels *k) {
     k->matmul[QUANT_TYPE_Q6_K] = mm_q6_K_512;
     k->matmul_packed[QUANT_TYPE_Q4_K] = cpu_mm_q4_K_x16_avx512;
     k->matmul_packed[QUANT_TYPE_Q6_K] = cpu_mm_q6_K_x16_avx512;
+    k->pack_layout[QUANT_TYPE_Q4_K] = TENSOR_LAYOUT_KQ_X16;
+    k->pack_layout[QUANT_TYPE_Q6_K] = TENSOR_LAYOUT_KQ_X16;
 }
 
 #else
 void cpu_kernels_init_kquant_avx512(cpu_kernels *k) { (void)k; }
 void cpu_mm_q4_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                             int64_t ds, int64_t o0, int64_t o1) {
-    cpu_matmul_kq_x16_ref(QUANT_TYPE_Q4_K, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+    cpu_matmul_kq_x16_ref(QUANT_TYPE_Q4_K, TENSOR_LAYOUT_KQ_X16, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 void cpu_mm_q6_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                             int64_t ds, int64_t o0, int64_t o1) {
-    cpu_matmul_kq_x16_ref(QUANT_TYPE_Q6_K, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+    cpu_matmul_kq_x16_ref(QUANT_TYPE_Q6_K, TENSOR_LAYOUT_KQ_X16, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 #endif

@@ -106,6 +106,7 @@ typedef struct cpu_kernels {
     /* weights packed by cpu_weight_pack (cpu_pack.c): Q8_0 in TENSOR_LAYOUT_Q8_0_X16, Q4_K / Q6_K in
      * TENSOR_LAYOUT_KQ_X16; NULL: that type is not packed at this level */
     cpu_matmul_fn matmul_packed[QUANT_TYPE_COUNT];
+    uint32_t pack_layout[QUANT_TYPE_COUNT]; /* the tensor_layout matmul_packed reads */
     cpu_act_row_fn act_row[QUANT_TYPE_COUNT]; /* by weight type */
     cpu_dot_f16_fn dot_f16;
     cpu_axpy_f16_fn axpy_f16;
@@ -168,6 +169,14 @@ tensor cpu_weight_packed_view(const cpu_kernels *k, const tensor *w, void *dst);
 #define CPU_KQ_X16_QS 320
 #define CPU_KQ_X16_Q6K_QL 320
 #define CPU_KQ_X16_Q6K_QH 2368
+/* Q6K_X16V records: d and SC as Q6_K's above; QV + 64 (3 j + k) + 4 i: dword k (k < 3) of
+ * sub-block j (j < 16) of row i, byte e = (q + 32 of value 4 k + e of the sub-block) | (bits
+ * 2 k, 2 k + 1 of q + 32 of value 12 + e) << 6 (cpu_q6K_x16v_byte). */
+#define CPU_Q6K_X16V_QV 320
+/* Byte e of dword k of a Q6K_X16V sub-block from its 16 values q + 32 (0..63). */
+static inline uint8_t cpu_q6K_x16v_byte(const uint8_t u[16], int k, int e) {
+    return (uint8_t)(u[4 * k + e] | ((u[12 + e] >> (2 * k)) & 3) << 6);
+}
 /* Q4_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes (ggml's
  * get_scale_min_k4). */
 void cpu_q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m);
@@ -185,9 +194,10 @@ void cpu_mm_q6_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int
  * kernel for the rest; the AVX-512 kernel's bits. Requires BACKEND_CPU_FEATURE_AMX_INT8. */
 void cpu_mm_q4_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                          int64_t ds, int64_t o0, int64_t o1);
-/* Scalar reference of the KQ_X16 layouts (the f64 sums of cpu_matmul_q_ref on the plain rows). */
-void cpu_matmul_kq_x16_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
-                           float *dst, int64_t ds, int64_t o0, int64_t o1);
+/* Scalar reference of the KQ_X16 and Q6K_X16V layouts (the f64 sums of cpu_matmul_q_ref on the
+ * plain rows). */
+void cpu_matmul_kq_x16_ref(uint32_t wtype, uint32_t layout, const void *w, size_t w_nb1, const cpu_act *act,
+                           int64_t r0, int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1);
 /* One row: n_in / 32 Q8_0 blocks -> its packed bytes (the row stride, padding zeroed). */
 void cpu_pack_q8_0_x16_row(uint8_t *dst, const block_q8_0 *src, int64_t n_in);
 /* The Q8_0 x16 matmul kernels (cpu_gemm_q8_0_x16_avx512.c, cpu_gemm_q8_0_x16_avx2.c). */

@@ -103,6 +103,8 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
     matmul_job job;
     job.op = op;
     job.kernel = w->layout != TENSOR_LAYOUT_PLAIN ? be->kernels.matmul_packed[w->type] : be->kernels.matmul[w->type];
+    /* a packed weight comes from this backend's own kernels (backend_weight_pack) */
+    DFL_ASSERT(w->layout == TENSOR_LAYOUT_PLAIN || w->layout == be->kernels.pack_layout[w->type]);
     job.prep = be->kernels.act_row[w->type];
     DFL_ASSERT(job.kernel != NULL && job.prep != NULL);
     cpu_act_layout(&job.act, dot, n_in, n_rows, cpu_scratch(be, cpu_act_bytes(dot, n_in, n_rows)));
@@ -125,8 +127,8 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
      * weight rows at a time) */
     int64_t chunk = (n_out + 8 * nth - 1) / (8 * nth);
     if (chunk < 16) chunk = 16;
-    /* KQ_X16 weights come in groups of 16 rows: chunks start at a group */
-    chunk = w->layout == TENSOR_LAYOUT_KQ_X16 ? (chunk + 15) & ~(int64_t)15 : (chunk + 3) & ~(int64_t)3;
+    /* KQ_X16 / Q6K_X16V weights come in groups of 16 rows: chunks start at a group */
+    chunk = w->layout == TENSOR_LAYOUT_KQ_X16 || w->layout == TENSOR_LAYOUT_Q6K_X16V ? (chunk + 15) & ~(int64_t)15 : (chunk + 3) & ~(int64_t)3;
     job.chunk = chunk;
     job.n_chunks = (n_out + chunk - 1) / chunk;
     /* row blocks: whole multiples of 16 rows (the kernels' row tiles), at least 16 */
@@ -206,6 +208,8 @@ void cpu_op_matmul_argmax(cpu_backend *be, const backend_op *op) {
     mmax_job job;
     job.op = op;
     job.kernel = w->layout != TENSOR_LAYOUT_PLAIN ? be->kernels.matmul_packed[w->type] : be->kernels.matmul[w->type];
+    /* a packed weight comes from this backend's own kernels (backend_weight_pack) */
+    DFL_ASSERT(w->layout == TENSOR_LAYOUT_PLAIN || w->layout == be->kernels.pack_layout[w->type]);
     job.prep = be->kernels.act_row[w->type];
     job.argmax = be->kernels.argmax_row;
     DFL_ASSERT(job.kernel != NULL && job.prep != NULL && job.argmax != NULL);

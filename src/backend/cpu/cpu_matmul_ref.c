@@ -182,10 +182,23 @@ void cpu_matmul_q8_0_x16_ref(const void *w, size_t w_nb1, const cpu_act *act, in
     }
 }
 
-/* KQ_X16 (cpu_pack.c): row o is lane o % 16 of the records of group o / 16; each super-block's
- * fields are gathered back from the lane and summed as dot_row does. */
-void cpu_matmul_kq_x16_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
-                           float *dst, int64_t ds, int64_t o0, int64_t o1) {
+/* Q6K_X16V (cpu_pack.c): the 256 values (-32..31) of row i of a record, from its 3-dword groups. */
+static void q6K_x16v_values(const uint8_t *R, int i, int8_t vals[QK_K]) {
+    for (int j = 0; j < 16; j++) {
+        const uint8_t *g = R + CPU_Q6K_X16V_QV + 64 * (3 * j) + 4 * i; /* dword k at g + 64 k */
+        for (int m = 0; m < 12; m++) vals[16 * j + m] = (int8_t)((g[64 * (m / 4) + m % 4] & 0x3f) - 32);
+        for (int e = 0; e < 4; e++) {
+            int u = 0;
+            for (int k = 0; k < 3; k++) u |= (g[64 * k + e] >> 6) << (2 * k);
+            vals[16 * j + 12 + e] = (int8_t)(u - 32);
+        }
+    }
+}
+
+/* KQ_X16 and Q6K_X16V (cpu_pack.c): row o is lane o % 16 of the records of group o / 16; each
+ * super-block's fields are gathered back from the lane and summed as dot_row does. */
+void cpu_matmul_kq_x16_ref(uint32_t wtype, uint32_t layout, const void *w, size_t w_nb1, const cpu_act *act,
+                           int64_t r0, int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1) {
     const size_t rec = tensor_kq_x16_record_bytes(wtype);
     const int64_t nsb = act->n_in / QK_K;
     for (int64_t o = o0; o < o1; o++) {
@@ -213,10 +226,14 @@ void cpu_matmul_kq_x16_ref(uint32_t wtype, const void *w, size_t w_nb1, const cp
                     memset(&blk, 0, sizeof(blk));
                     memcpy(&blk.d, R + 2 * i, 2);
                     for (int j = 0; j < 16; j++) blk.scales[j] = (int8_t)R[CPU_KQ_X16_Q6K_SC + 16 * j + i];
-                    for (int q = 0; q < QK_K / 8; q++) memcpy(blk.ql + 4 * q, R + CPU_KQ_X16_Q6K_QL + 64 * q + 4 * i, 4);
-                    for (int q = 0; q < QK_K / 16; q++) memcpy(blk.qh + 4 * q, R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, 4);
                     int8_t vals[QK_K];
-                    cpu_q6_K_values(&blk, vals);
+                    if (layout == TENSOR_LAYOUT_Q6K_X16V) {
+                        q6K_x16v_values(R, i, vals);
+                    } else {
+                        for (int q = 0; q < QK_K / 8; q++) memcpy(blk.ql + 4 * q, R + CPU_KQ_X16_Q6K_QL + 64 * q + 4 * i, 4);
+                        for (int q = 0; q < QK_K / 16; q++) memcpy(blk.qh + 4 * q, R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, 4);
+                        cpu_q6_K_values(&blk, vals);
+                    }
                     sum += dot_q6_K_sb(blk.d, blk.scales, vals, act, r, b);
                 }
             }

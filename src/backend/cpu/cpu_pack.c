@@ -10,9 +10,13 @@
  *   one byte per row, and the quants dword by dword (Q4_K's qs; Q6_K's ql and qh) (record offsets
  *   in cpu_internal.h and docs/quantization.md). The kernels load the lanes they decoded with 16x16
  *   transposes before. Q4_K records are 3% larger than the blocks, Q6_K records 1%.
+ * - TENSOR_LAYOUT_Q6K_X16V: Q6_K as KQ_X16 with the quants as ready 6-bit values, four in every
+ *   three bytes (cpu_q6K_x16v_byte): the AVX2 kernels take a value vector with one mask (three of
+ *   four) instead of assembling it from ql and qh.
  * Packed weights give the same bits as plain ones (the kernels do the same integer and f32
- * operations on the same values). A type is packed only where the level has a kernel for it:
- * Q8_0 at every level, Q4_K / Q6_K at AVX2 and AVX-512. */
+ * operations on the same values). A type is packed only where the level has a kernel for it
+ * (cpu_kernels.pack_layout names the layout): Q8_0 at every level, Q4_K / Q6_K at AVX2 and
+ * AVX-512. */
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
 
@@ -30,8 +34,12 @@ uint32_t cpu_weight_pack_layout(const cpu_kernels *k, const tensor *w) {
         w->nb[1] != (size_t)(w->ne[0] / ti->blck_size) * ti->type_size || k->matmul_packed[w->type] == NULL) {
         return TENSOR_LAYOUT_PLAIN;
     }
-    if (w->type == QUANT_TYPE_Q8_0 && w->ne[0] % CPU_Q8_0_GROUP_VALUES == 0) return TENSOR_LAYOUT_Q8_0_X16;
-    if (tensor_kq_x16_record_bytes(w->type) != 0) return TENSOR_LAYOUT_KQ_X16;
+    const uint32_t layout = k->pack_layout[w->type];
+    if (layout == TENSOR_LAYOUT_Q8_0_X16) {
+        return w->type == QUANT_TYPE_Q8_0 && w->ne[0] % CPU_Q8_0_GROUP_VALUES == 0 ? layout : TENSOR_LAYOUT_PLAIN;
+    }
+    if (layout == TENSOR_LAYOUT_KQ_X16) return tensor_kq_x16_record_bytes(w->type) != 0 ? layout : TENSOR_LAYOUT_PLAIN;
+    if (layout == TENSOR_LAYOUT_Q6K_X16V) return w->type == QUANT_TYPE_Q6_K ? layout : TENSOR_LAYOUT_PLAIN;
     return TENSOR_LAYOUT_PLAIN;
 }
 
@@ -39,6 +47,7 @@ size_t cpu_weight_pack_size(const cpu_kernels *k, const tensor *w) {
     switch (cpu_weight_pack_layout(k, w)) {
     case TENSOR_LAYOUT_Q8_0_X16: return q8_0_x16_row_stride(w->ne[0]) * (size_t)w->ne[1];
     case TENSOR_LAYOUT_KQ_X16:
+    case TENSOR_LAYOUT_Q6K_X16V:
         return (size_t)((w->ne[1] + 15) / 16) * (size_t)(w->ne[0] / QK_K) * tensor_kq_x16_record_bytes(w->type);
     default: return 0;
     }
@@ -61,8 +70,9 @@ void cpu_pack_q8_0_x16_row(uint8_t *dst, const block_q8_0 *src, int64_t n_in) {
     memset(dst + used, 0, stride - used);
 }
 
-/* One KQ_X16 record: super-block sb of rows[0..15] (cpu_internal.h: CPU_KQ_X16_* offsets). */
-static void pack_kq_record(uint8_t *R, uint32_t type, const uint8_t *const rows[16], int64_t sb) {
+/* One KQ_X16 (v: Q6K_X16V) record: super-block sb of rows[0..15] (cpu_internal.h: CPU_KQ_X16_*,
+ * CPU_Q6K_X16V_* offsets). */
+static void pack_kq_record(uint8_t *R, uint32_t type, bool v, const uint8_t *const rows[16], int64_t sb) {
     memset(R, 0, tensor_kq_x16_record_bytes(type));
     for (int i = 0; i < 16; i++) {
         if (type == QUANT_TYPE_Q4_K) {
@@ -80,6 +90,16 @@ static void pack_kq_record(uint8_t *R, uint32_t type, const uint8_t *const rows[
             const block_q6_K *b = (const block_q6_K *)rows[i] + sb;
             memcpy(R + 2 * i, &b->d, 2);
             for (int j = 0; j < 16; j++) R[CPU_KQ_X16_Q6K_SC + 16 * j + i] = (uint8_t)b->scales[j];
+            if (v) {
+                for (int j = 0; j < 16; j++) {
+                    uint8_t u[16];
+                    for (int m = 0; m < 16; m++) u[m] = (uint8_t)(cpu_q6_K_value(b, 16 * j + m) + 32);
+                    for (int kk = 0; kk < 3; kk++) {
+                        for (int e = 0; e < 4; e++) R[CPU_Q6K_X16V_QV + 64 * (3 * j + kk) + 4 * i + e] = cpu_q6K_x16v_byte(u, kk, e);
+                    }
+                }
+                continue;
+            }
             for (int q = 0; q < QK_K / 8; q++) memcpy(R + CPU_KQ_X16_Q6K_QL + 64 * q + 4 * i, b->ql + 4 * q, 4);
             for (int q = 0; q < QK_K / 16; q++) memcpy(R + CPU_KQ_X16_Q6K_QH + 64 * q + 4 * i, b->qh + 4 * q, 4);
         }
@@ -108,7 +128,7 @@ void cpu_weight_pack_part(const cpu_kernels *k, const tensor *w, void *dst, int 
             rows[i] = (const uint8_t *)w->data + (size_t)o * w->nb[1];
         }
         uint8_t *R = (uint8_t *)dst + (size_t)(g * nsb) * rec;
-        for (int64_t sb = 0; sb < nsb; sb++, R += rec) pack_kq_record(R, w->type, rows, sb);
+        for (int64_t sb = 0; sb < nsb; sb++, R += rec) pack_kq_record(R, w->type, layout == TENSOR_LAYOUT_Q6K_X16V, rows, sb);
     }
 }
 

@@ -3,12 +3,15 @@
  * vocabulary H drafts the whole head's token wherever that token is in H and a token of H
  * elsewhere; its logits are the whole head's on H (same bits) and -inf off H, also spread over
  * several sequences of different draft lengths; plain, packed Q8_0 and packed Q4_K_M (Q6_K head)
- * weights; the speculative output stays the target's own greedy output; bad id lists, a target
- * context and a DSpark drafter are refused with a message; the CLI's --draft-vocab options and
- * `dflash tokenize --freq`. */
+ * weights; the speculative output stays the target's own greedy output; a DFlash2 drafter's
+ * selector takes its candidates from the vocabulary (the whole head's lattice when every candidate
+ * is in it, else the top-k over it of the same logits); bad id lists, a target context, a DSpark
+ * drafter and a DFlash2 vocabulary smaller than its top-k are refused with a message; the CLI's
+ * --draft-vocab options and `dflash tokenize --freq`. */
 #include "test.h"
 #include "test_util.h"
 #include "speculative/session.h"
+#include "speculative/drafter_dflash2.h"
 #include "model/context.h"
 
 #include <math.h>
@@ -50,12 +53,38 @@ static bool draft_two(test_ctx *t, tu_pair *p, int32_t draft[2 * DV_K], float *l
     return ok;
 }
 
+/* The speculative output with a vocabulary of 40 ids is the target's greedy output (24 tokens). */
+static void dv_lossless(test_ctx *t, const char *tp, const char *dp, const char *what) {
+    tu_pair g;
+    memset(&g, 0, sizeof(g));
+    bool ok = true;
+    int32_t small[40];
+    for (int i = 0; i < 40; i++) small[i] = (int32_t)((i * 53 + 11) % DV_NV);
+    if (open_pair(t, &g, tp, dp, 1, small, 40, true)) {
+        int32_t prompt[9], ref[64], got[64], first, step[DV_K + 1], n_step, seq = 0;
+        for (int i = 0; i < 9; i++) prompt[i] = (int32_t)((i * 29 + 3) % DV_NV);
+        dfl_error err = {0};
+        ok = tu_greedy(g.rctx, 0, prompt, 9, 40, ref, &err) == DFL_OK && spec_prefill(g.spec, 0, prompt, 9, &first, &err) == DFL_OK;
+        int n = 0;
+        if (ok) got[n++] = first;
+        while (ok && n < 24) {
+            ok = spec_step(g.spec, 1, &seq, step, &n_step, &err) == DFL_OK;
+            for (int j = 0; ok && j < n_step && n < 64; j++) got[n++] = step[j];
+        }
+        CHECK_MSG(ok, "%s: speculative run: %s", what, err.msg);
+        for (int i = 0; ok && i < 24; i++) {
+            CHECK_MSG(got[i] == ref[i], "%s: token %d: %d with the reduced vocabulary, %d greedy", what, i, got[i], ref[i]);
+            if (got[i] != ref[i]) break;
+        }
+    }
+    tu_pair_close(&g);
+}
+
 /* One weight type: the whole head's drafts, then H = every third id plus half of those drafts. */
 static void draft_vocab_case(test_ctx *t, const char *tp, const char *dp, const char *what) {
-    tu_pair full, hot, g;
+    tu_pair full, hot;
     memset(&full, 0, sizeof(full));
     memset(&hot, 0, sizeof(hot));
-    memset(&g, 0, sizeof(g));
     const size_t nl = (size_t)2 * DV_K * DV_NV;
     float *lf = malloc(nl * sizeof(float)), *lh = malloc(nl * sizeof(float));
     int32_t df[2 * DV_K], dh[2 * DV_K], H[DV_NV];
@@ -113,26 +142,7 @@ static void draft_vocab_case(test_ctx *t, const char *tp, const char *dp, const 
     CHECK_MSG(!ok || (n_same > 0 && n_off > 0), "%s: %d slots in and %d outside the vocabulary (both expected)", what,
               n_same, n_off);
     /* the output stays the target's: 24 greedy tokens with a vocabulary of 40 ids */
-    int32_t small[40];
-    for (int i = 0; i < 40; i++) small[i] = (int32_t)((i * 53 + 11) % DV_NV);
-    if (ok && open_pair(t, &g, tp, dp, 1, small, 40, true)) {
-        int32_t prompt[9], ref[64], got[64], first, step[DV_K + 1], n_step, seq = 0;
-        for (int i = 0; i < 9; i++) prompt[i] = (int32_t)((i * 29 + 3) % DV_NV);
-        dfl_error err = {0};
-        ok = tu_greedy(g.rctx, 0, prompt, 9, 40, ref, &err) == DFL_OK && spec_prefill(g.spec, 0, prompt, 9, &first, &err) == DFL_OK;
-        int n = 0;
-        if (ok) got[n++] = first;
-        while (ok && n < 24) {
-            ok = spec_step(g.spec, 1, &seq, step, &n_step, &err) == DFL_OK;
-            for (int j = 0; ok && j < n_step && n < 64; j++) got[n++] = step[j];
-        }
-        CHECK_MSG(ok, "%s: speculative run: %s", what, err.msg);
-        for (int i = 0; ok && i < 24; i++) {
-            CHECK_MSG(got[i] == ref[i], "%s: token %d: %d with the reduced vocabulary, %d greedy", what, i, got[i], ref[i]);
-            if (got[i] != ref[i]) break;
-        }
-    }
-    tu_pair_close(&g);
+    if (ok) dv_lossless(t, tp, dp, what);
     free(lf);
     free(lh);
 }
@@ -157,6 +167,118 @@ TEST(draft_vocab_drafts_logits_and_output) {
         return;
     }
     draft_vocab_case(t, q, dp, "Q4_K_M (Q6_K head)");
+}
+
+/* DFlash2 (the selector's top-k candidates per row, then the lattice walk): with every candidate of
+ * the whole head's lattice in H the drafts, the lattice and the walk probabilities are the whole
+ * head's, bit for bit; with some candidates left out, each row's candidates are the top-k over H
+ * of the whole head's logits and every draft is in H; logits are the whole head's on H and -inf
+ * off it; the output stays the target's; fewer ids than the top-k are refused. */
+TEST(draft_vocab_dflash2) {
+    char tp[512], dp[512];
+    if (!tu_make_models(t, "d2", DV_T " --n-embd 64 --type f32 --seed 8 --dflash2 3,8,16,4", tp, dp, sizeof(tp))) return;
+    const size_t nl = (size_t)2 * DV_K * DV_NV;
+    const int32_t lens[2] = {5, DV_K};
+    const int64_t n_rows = lens[0] + lens[1];
+    float *lf = malloc(nl * sizeof(float)), *lh = malloc(nl * sizeof(float)), *lat_f = NULL, *pr_f = NULL;
+    int32_t df[2 * DV_K], dh[2 * DV_K], H[DV_NV];
+    REQUIRE(lf != NULL && lh != NULL);
+    tu_pair p;
+    memset(&p, 0, sizeof(p));
+    int64_t rl = 0, k = 0;
+    bool ok = open_pair(t, &p, tp, dp, 2, NULL, 0, false) && draft_two(t, &p, df, lf);
+    if (ok) {
+        const float *lat = dflash2_last_lattice(p.dctx, &rl), *pr = dflash2_last_probs(p.dctx);
+        REQUIRE(lat != NULL && pr != NULL);
+        k = dflash2_top_k_count(drafter_dflash2(p.dctx));
+        lat_f = malloc((size_t)(n_rows * rl) * sizeof(float));
+        pr_f = malloc((size_t)(2 * DV_K) * sizeof(float));
+        REQUIRE(lat_f != NULL && pr_f != NULL && rl == k + k * k);
+        memcpy(lat_f, lat, (size_t)(n_rows * rl) * sizeof(float));
+        memcpy(pr_f, pr, (size_t)(2 * DV_K) * sizeof(float));
+    }
+    tu_pair_close(&p);
+    int n_left_out = 0;
+    for (int pass = 0; pass < 2 && ok; pass++) {
+        /* pass 0: every candidate of every row, plus ids = 2 mod 5; pass 1: ids = 1 mod 3 without
+         * each row's first candidate */
+        bool in[DV_NV];
+        for (int32_t v = 0; v < DV_NV; v++) in[v] = pass == 0 ? v % 5 == 2 : v % 3 == 1;
+        for (int64_t r = 0; r < n_rows; r++) {
+            for (int64_t s = 0; s < (pass == 0 ? k : 1); s++) in[(int32_t)lat_f[r * rl + s]] = pass == 0;
+        }
+        int32_t nh = 0;
+        for (int32_t v = DV_NV - 1; v >= 0; v--) {
+            if (in[v]) H[nh++] = v;
+        }
+        ok = open_pair(t, &p, tp, dp, 2, H, nh, false) && draft_two(t, &p, dh, lh);
+        const float *lat = ok ? dflash2_last_lattice(p.dctx, NULL) : NULL, *pr = ok ? dflash2_last_probs(p.dctx) : NULL;
+        ok = ok && lat != NULL && pr != NULL;
+        int64_t r = 0;
+        for (int sq = 0; sq < 2 && ok; sq++) {
+            for (int j = 0; j < lens[sq] && ok; j++, r++) {
+                const size_t slot = (size_t)sq * DV_K + (size_t)j;
+                const float *rf = lf + slot * DV_NV, *rh = lh + slot * DV_NV;
+                for (int32_t v = 0; v < DV_NV && ok; v++) {
+                    if (in[v] ? memcmp(&rf[v], &rh[v], sizeof(float)) != 0 : !(isinf(rh[v]) && rh[v] < 0)) {
+                        test_fail(t, __FILE__, __LINE__, "pass %d: seq %d slot %d token %d: logit %g, the whole head's %g",
+                                  pass, sq, j, v, rh[v], rf[v]);
+                        ok = false;
+                    }
+                }
+                CHECK_MSG(in[dh[slot]], "pass %d: seq %d slot %d: draft %d is outside the vocabulary", pass, sq, j, dh[slot]);
+                if (pass == 0) {
+                    CHECK_MSG(dh[slot] == df[slot], "pass 0: seq %d slot %d: draft %d, the whole head's %d", sq, j, dh[slot], df[slot]);
+                    CHECK_MSG(memcmp(&pr[slot], &pr_f[slot], sizeof(float)) == 0, "pass 0: seq %d slot %d: walk probability "
+                              "%g, the whole head's %g", sq, j, pr[slot], pr_f[slot]);
+                    CHECK_MSG(memcmp(lat + r * rl, lat_f + r * rl, (size_t)rl * sizeof(float)) == 0,
+                              "pass 0: lattice row %lld differs from the whole head's", (long long)r);
+                    continue;
+                }
+                /* the candidates: the top-k over H of the whole head's row */
+                float masked[DV_NV];
+                for (int32_t v = 0; v < DV_NV; v++) masked[v] = in[v] ? rf[v] : -INFINITY;
+                int32_t want[64];
+                dflash2_top_k(masked, DV_NV, k, want);
+                for (int64_t s = 0; s < k; s++) {
+                    CHECK_MSG((int32_t)lat[r * rl + s] == want[s], "pass 1: row %lld candidate %lld: %d, the top-k over the "
+                              "vocabulary has %d", (long long)r, (long long)s, (int)lat[r * rl + s], want[s]);
+                }
+                n_left_out += !in[(int32_t)lat_f[r * rl]];
+            }
+        }
+        tu_pair_close(&p);
+    }
+    CHECK_MSG(!ok || n_left_out == n_rows, "%d of %lld rows had their first candidate left out", n_left_out, (long long)n_rows);
+    if (ok) dv_lossless(t, tp, dp, "dflash2");
+    /* fewer ids than the selector's top-k */
+    dfl_error err = {0};
+    dfl_model *tm = dfl_model_load(tp, NULL, &err), *dm = tm != NULL ? dfl_model_load(dp, NULL, &err) : NULL;
+    REQUIRE(dm != NULL);
+    dfl_context_params cp = dfl_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_capture = (int32_t)dfl_model_hparams(dm)->n_target_layers;
+    cp.capture_layers = dfl_model_hparams(dm)->target_layers;
+    dfl_context *tc = dfl_context_new(tm, &cp, &err);
+    REQUIRE(tc != NULL);
+    int32_t few[4] = {1, 2, 3, 4};
+    dfl_context_params dpar = dfl_context_default_params();
+    dpar.target = tc;
+    dpar.n_draft_vocab = (int32_t)k - 1;
+    dpar.draft_vocab = few;
+    CHECK(k >= 2 && k <= 5 && dfl_context_new(dm, &dpar, &err) == NULL);
+    CHECK_STR_CONTAINS(err.msg, "a DFlash2 selector takes its top-k of them");
+    dpar.n_draft_vocab = (int32_t)k;
+    dfl_context *dc = dfl_context_new(dm, &dpar, &err);
+    CHECK_MSG(dc != NULL, "a vocabulary of the top-k's %lld ids: %s", (long long)k, err.msg);
+    dfl_context_free(dc);
+    dfl_context_free(tc);
+    dfl_model_free(dm);
+    dfl_model_free(tm);
+    free(lat_f);
+    free(pr_f);
+    free(lf);
+    free(lh);
 }
 
 TEST(draft_vocab_refuses_bad_lists) {
@@ -207,7 +329,7 @@ TEST(draft_vocab_refuses_bad_lists) {
     CHECK_STR_CONTAINS(err.msg, "no id list");
     dpar.draft_vocab = ids;
     CHECK(dfl_context_new(dsm, &dpar, &err) == NULL); /* the DSpark drafter reads the whole head */
-    CHECK_STR_CONTAINS(err.msg, "DFlash drafters only");
+    CHECK_STR_CONTAINS(err.msg, "DFlash and DFlash2 drafters only");
     dfl_context_free(tc);
     dfl_model_free(tm);
     dfl_model_free(dm);

@@ -68,13 +68,16 @@ static dfl_status drafter_hot_init(dfl_context *d, drafter_state *ds, const int3
                                    dfl_error *err) {
     const dfl_model *tm = ds->target->model;
     const gguf_tensor *src = d->model->output != NULL ? d->model->output : tm->output;
-    if (d->model->dspark.markov_w1 != NULL || d->model->d2 != NULL) {
-        return error_set(err, DFL_ERR_UNSUPPORTED, "a reduced draft vocabulary is supported for DFlash drafters only "
-                         "(the %s reads every row of the head)", d->model->d2 != NULL ? "DFlash2 selector" : "DSpark Markov chain");
+    if (d->model->dspark.markov_w1 != NULL) {
+        return error_set(err, DFL_ERR_UNSUPPORTED, "a reduced draft vocabulary is supported for DFlash and DFlash2 "
+                         "drafters only (the DSpark Markov chain reads every row of the head)");
     }
-    if (hot == NULL || n < 1 || n > d->n_vocab || src == NULL) {
-        return error_set(err, DFL_ERR_INVALID, "draft vocabulary: %d ids%s (expected 1..%lld)", n,
-                         hot == NULL ? " and no id list" : "", (long long)d->n_vocab);
+    /* DFlash2: the selector takes the top-k of every row, so the vocabulary holds at least k */
+    const int64_t n_min = ds->d2 != NULL ? dflash2_top_k_count(ds->d2) : 1;
+    if (hot == NULL || n < n_min || n > d->n_vocab || src == NULL) {
+        return error_set(err, DFL_ERR_INVALID, "draft vocabulary: %d ids%s (expected %lld..%lld%s)", n,
+                         hot == NULL ? " and no id list" : "", (long long)n_min, (long long)d->n_vocab,
+                         ds->d2 != NULL ? ": a DFlash2 selector takes its top-k of them" : "");
     }
     ds->hot_ids = malloc((size_t)n * sizeof(int32_t));
     ds->hot_tmp = malloc((size_t)n * sizeof(float));
@@ -431,13 +434,18 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
             op_argmax(q, amax, logits);
         }
         op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
+    } else if (ds->d2 != NULL && ds->n_hot > 0) {                       /* [n_hot, n_out] */
+        logits = tensor_2d(QUANT_TYPE_F32, s->logits.data, n_row, n_out);
+        logits.buf = s->logits.buf;
+        op_matmul(q, logits, ds->hot_w, x_out);
     } else {
         op_matmul(q, logits, d->w.output, x_out);
     }
     if (ds->d2 != NULL) {
         /* DFlash2: the selector lattice and its walk give the drafts (drafter_dflash2.c) */
         if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
-        dfl_status st = dflash2_select(d, ds->d2, x_out, logits, n_out, n_active, last, n_draft, lens, out, logits_out, err);
+        dfl_status st = dflash2_select(d, ds->d2, x_out, logits, n_out, n_active, last, n_draft, lens, ds->hot_ids, ds->n_hot,
+                                       out, logits_out, err);
         d->pending = false;
         return st;
     }

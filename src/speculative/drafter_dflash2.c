@@ -45,7 +45,8 @@ struct dflash2_state {
     int32_t *h_sidx;            /* [n_ub, K] */
     float *h_logits;            /* [n_rows_out, n_vocab] */
     float *h_gate;              /* [n_rows_out, R] */
-    int32_t *cand;              /* [n_rows_out, k] */
+    int32_t *cand;              /* [n_rows_out, k] candidate token ids */
+    float *cand_lg;             /* [n_rows_out, k] their logits */
     float *lattice;             /* [n_rows_out, k + k*k] */
     float *probs;               /* [n_seq * block_size] walk probabilities, strided like out */
     float *pred_rows;           /* [k, R] */
@@ -78,6 +79,7 @@ void dflash2_state_free(dflash2_state *st) {
     free(st->h_logits);
     free(st->h_gate);
     free(st->cand);
+    free(st->cand_lg);
     free(st->lattice);
     free(st->probs);
     free(st->pred_rows);
@@ -132,13 +134,14 @@ dflash2_state *dflash2_state_new(dfl_context *d, dfl_error *err) {
     st->h_logits = malloc((size_t)(n_rows * st->n_vocab) * sizeof(float));
     st->h_gate = malloc((size_t)(n_rows * R) * sizeof(float));
     st->cand = calloc((size_t)(n_rows * k), sizeof(int32_t));
+    st->cand_lg = calloc((size_t)(n_rows * k), sizeof(float));
     st->lattice = calloc((size_t)(n_rows * (k + k * k)), sizeof(float));
     st->probs = calloc((size_t)(d->kv.n_seq * hp->block_size), sizeof(float));
     st->pred_rows = malloc((size_t)(k * R) * sizeof(float));
     st->succ_rows = malloc((size_t)(k * R) * sizeof(float));
     st->cond = malloc((size_t)R * sizeof(float));
     float *bases = calloc((size_t)(hp->n_layer * 4 * st->K * st->n_embd), sizeof(float));
-    if (!st->attn_proj || !st->ffn_proj || !st->h_sidx || !st->h_logits || !st->h_gate || !st->cand || !st->lattice ||
+    if (!st->attn_proj || !st->ffn_proj || !st->h_sidx || !st->h_logits || !st->h_gate || !st->cand || !st->cand_lg || !st->lattice ||
         !st->probs || !st->pred_rows || !st->succ_rows || !st->cond || !bases) {
         free(bases);
         dflash2_state_free(st);
@@ -339,7 +342,7 @@ static void d2_code_row(const gguf_tensor *t, int64_t R, int32_t id, float *dst)
  * score[j][s] for the n_pred predecessors. */
 static void d2_lattice_row(dflash2_state *st, int64_t r, const int32_t *pred, int64_t n_pred) {
     const int64_t k = st->k, R = st->R;
-    const float *lg = st->h_logits + r * st->n_vocab;
+    const float *lg = st->cand_lg + r * k;
     const float *g = st->h_gate + r * R;
     const int32_t *cand = st->cand + r * k;
     float *row = st->lattice + r * (k + k * k);
@@ -358,30 +361,33 @@ static void d2_lattice_row(dflash2_state *st, int64_t r, const int32_t *pred, in
             const double c = (double)st->cond[i];
             for (int64_t s = 0; s < k; s++) acc[s] += (double)st->succ_rows[s * R + i] * c;
         }
-        for (int64_t s = 0; s < k; s++) row[k + j * k + s] = (float)acc[s] + lg[cand[s]];
+        for (int64_t s = 0; s < k; s++) row[k + j * k + s] = (float)acc[s] + lg[s];
     }
     for (int64_t j = n_pred; j < k; j++) memcpy(row + k + j * k, row + k, (size_t)k * sizeof(float));
 }
 
+int64_t dflash2_top_k_count(const dflash2_state *st) { return st->k; }
+
 dfl_status dflash2_select(dfl_context *d, dflash2_state *st, tensor x_out, tensor logits, int64_t n_out, int32_t n_active,
-                          const int32_t *last, int32_t n_draft, const int32_t *lens, int32_t *out, float *logits_out,
-                          dfl_error *err) {
+                          const int32_t *last, int32_t n_draft, const int32_t *lens, const int32_t *hot_ids,
+                          int64_t n_hot, int32_t *out, float *logits_out, dfl_error *err) {
     backend_queue *q = d->queue;
     const int64_t k = st->k, V = st->n_vocab;
+    const int64_t W = n_hot > 0 ? n_hot : V; /* logits per row: the reduced vocabulary's ids, or all */
     if (n_out > st->n_rows_out) {
         return error_set(err, DFL_ERR_INVALID, "DFlash2 select: %lld output rows exceed the %lld allocated",
                          (long long)n_out, (long long)st->n_rows_out);
     }
     tensor gate = tensor_rows(&st->gate, 0, n_out);                      /* [R, n_out] */
     op_matmul(q, gate, st->sel_hidden, x_out);
-    op_read(q, st->h_logits, logits, (size_t)(n_out * V) * sizeof(float));
+    op_read(q, st->h_logits, logits, (size_t)(n_out * W) * sizeof(float));
     op_read(q, st->h_gate, gate, (size_t)(n_out * st->R) * sizeof(float));
     backend_queue_synchronize(q);
     /* the final logit softcap (dflash.final_logit_softcapping), before the selector as in
      * llama.cpp: it changes the lattice scores, not only the probabilities */
     const float cap = d->model->dflash.final_logit_softcapping;
     if (cap > 0.0f) {
-        for (size_t e = 0; e < (size_t)(n_out * V); e++) st->h_logits[e] = cap * tanhf(st->h_logits[e] / cap);
+        for (size_t e = 0; e < (size_t)(n_out * W); e++) st->h_logits[e] = cap * tanhf(st->h_logits[e] / cap);
     }
     int64_t off = 0;
     for (int32_t i = 0; i < n_active; i++) {
@@ -390,12 +396,19 @@ dfl_status dflash2_select(dfl_context *d, dflash2_state *st, tensor x_out, tenso
          * -1 - (first such token), like the argmax of a DFlash drafter (the session reports it) */
         int64_t L_ok = L;
         int32_t flag = 0;
-        for (int64_t p = 1; p <= L; p++) { /* and each row's candidates */
-            const int64_t bad = dflash2_scan_row(st->h_logits + (off + p - 1) * V, V, k, st->cand + (off + p - 1) * k);
+        for (int64_t p = 1; p <= L; p++) { /* and each row's candidates, their logits, their ids */
+            const int64_t r = off + p - 1;
+            const float *lg = st->h_logits + r * W;
+            int32_t *cand = st->cand + r * k;
+            const int64_t bad = dflash2_scan_row(lg, W, k, cand);
             if (bad >= 0) {
                 L_ok = p - 1;
-                flag = -1 - (int32_t)bad;
+                flag = -1 - (n_hot > 0 ? hot_ids[bad] : (int32_t)bad);
                 break;
+            }
+            for (int64_t s = 0; s < k; s++) {
+                st->cand_lg[r * k + s] = lg[cand[s]];
+                if (n_hot > 0) cand[s] = hot_ids[cand[s]]; /* ascending ids: the ties keep their order */
             }
         }
         /* position 1 follows the anchor; position p >= 2 the candidates of position p - 1 */
@@ -423,9 +436,15 @@ dfl_status dflash2_select(dfl_context *d, dflash2_state *st, tensor x_out, tenso
             st->probs[(size_t)i * (size_t)n_draft + (size_t)(p - 1)] = 1.0f / sum;
             j = best;
         }
-        if (logits_out != NULL) {
-            memcpy(logits_out + (size_t)i * (size_t)n_draft * (size_t)V, st->h_logits + off * V,
-                   (size_t)(L * V) * sizeof(float));
+        for (int64_t p = 0; logits_out != NULL && p < L; p++) {
+            float *dst = logits_out + ((size_t)i * (size_t)n_draft + (size_t)p) * (size_t)V;
+            const float *src = st->h_logits + (off + p) * W;
+            if (n_hot == 0) {
+                memcpy(dst, src, (size_t)V * sizeof(float));
+                continue;
+            }
+            for (int64_t v = 0; v < V; v++) dst[v] = -INFINITY; /* never drafted off the vocabulary */
+            for (int64_t h = 0; h < n_hot; h++) dst[hot_ids[h]] = src[h];
         }
         off += L;
     }

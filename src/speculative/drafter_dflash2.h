@@ -25,11 +25,15 @@ void dflash2_layer(dfl_context *d, dflash2_state *st, int64_t il, tensor x, int6
 /* After the head: e = x_out [n_embd, n_out] (normed head input), logits [n_vocab, n_out] (with
  * the head's scale/softcap), rows packed per sequence (sequence i: lens[i] rows, or n_draft
  * when lens is NULL). Builds each row's lattice, walks it from the anchor last[i] and writes
- * sequence i's drafts to out + i * n_draft; logits_out as drafter_draft documents. Synchronizes
- * the queue. */
+ * sequence i's drafts to out + i * n_draft; logits_out as drafter_draft documents. With a
+ * reduced draft vocabulary (n_hot > 0, hot_ids ascending, n_hot >= the selector's top-k) logits
+ * is [n_hot, n_out]: the candidates are the top-k of the ids in it (as over full rows that hold
+ * -inf elsewhere), and logits_out gets full rows with -inf off it. Synchronizes the queue. */
 dfl_status dflash2_select(dfl_context *d, dflash2_state *st, tensor x_out, tensor logits, int64_t n_out, int32_t n_active,
-                          const int32_t *last, int32_t n_draft, const int32_t *lens, int32_t *out, float *logits_out,
-                          dfl_error *err);
+                          const int32_t *last, int32_t n_draft, const int32_t *lens, const int32_t *hot_ids,
+                          int64_t n_hot, int32_t *out, float *logits_out, dfl_error *err);
+/* The selector's top-k (the least draft vocabulary a DFlash2 drafter takes). */
+int64_t dflash2_top_k_count(const dflash2_state *st);
 
 /* The last dflash2_select, per output row r (packed order): the lattice row [k + k*k] floats
  * (candidate ids as floats, then score[j][s] at k + j*k + s, llama.cpp's packing) and the walk's

@@ -13,6 +13,7 @@
 // health-check interval (rise 2 x inter 1 s) plus one second. Prints "ok NAME", "FAIL NAME: why"
 // (exit 1), and a figures line.
 import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import OpenAI from 'openai';
 
 const [root, cli, portArg, dir] = process.argv.slice(2);
@@ -33,6 +34,14 @@ function down() {
 function fail(name, why) {
   console.log(`FAIL ${name}: ${why}`);
   try { console.log(sh(['status'])); } catch (e) { console.log(e.stdout || ''); }
+  // HAProxy's log lines of the requests that did not end as a plain 200 (status, termination
+  // flags, retries: what a flaky failure needs) and its server events; the test's folder is
+  // removed afterwards
+  try {
+    const lines = readFileSync(`${dir}/haproxy.log`, 'utf8').split('\n')
+      .filter((l) => /Server |"(GET|POST) /.test(l) && !/ 200 \d+ - - ---- /.test(l));
+    console.log(`haproxy.log (${lines.length} lines other than plain 200s):\n${lines.slice(-40).join('\n')}`);
+  } catch (e) { console.log(`haproxy.log: ${e.message}`); }
   down();
   process.exit(1);
 }

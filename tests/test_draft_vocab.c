@@ -5,8 +5,10 @@
  * several sequences of different draft lengths; plain, packed Q8_0 and packed Q4_K_M (Q6_K head)
  * weights; the speculative output stays the target's own greedy output; a DFlash2 drafter's
  * selector takes its candidates from the vocabulary (the whole head's lattice when every candidate
- * is in it, else the top-k over it of the same logits); bad id lists, a target context, a DSpark
- * drafter and a DFlash2 vocabulary smaller than its top-k are refused with a message; the CLI's
+ * is in it, else the top-k over it of the same logits) and a DSpark drafter's Markov chain runs
+ * over it (the whole head's drafts, biased logits and confidences when every draft is in it, else
+ * a first draft that is the argmax over it of the same biased row); bad id lists, a target context
+ * and a DFlash2 vocabulary smaller than its top-k are refused with a message; the CLI's
  * --draft-vocab options and `dflash tokenize --freq`. */
 #include "test.h"
 #include "test_util.h"
@@ -281,13 +283,81 @@ TEST(draft_vocab_dflash2) {
     free(lh);
 }
 
+/* DSpark (the Markov bias chained over the rows; the confidence head): pass 0, H = every draft of
+ * the whole head plus ids = 2 mod 5: the same drafts, biased logits (same bits on H, -inf off it)
+ * and confidences; pass 1, H = ids = 1 mod 3 without the first row's drafts: each sequence's first
+ * draft is the argmax over H of the whole head's first biased row (its bias comes from the anchor
+ * alone), that row's logits are the same on H, and every draft is in H; the output stays the
+ * target's. */
+TEST(draft_vocab_dspark) {
+    char tp[512], dp[512];
+    if (!tu_make_models(t, "dsp", DV_T " --n-embd 64 --type f32 --dspark-rank 8", tp, dp, sizeof(tp))) return;
+    const size_t nl = (size_t)2 * DV_K * DV_NV;
+    const int32_t lens[2] = {5, DV_K};
+    float *lf = malloc(nl * sizeof(float)), *lh = malloc(nl * sizeof(float)), cf[2 * DV_K];
+    int32_t df[2 * DV_K], dh[2 * DV_K], H[DV_NV];
+    REQUIRE(lf != NULL && lh != NULL);
+    tu_pair p;
+    memset(&p, 0, sizeof(p));
+    bool ok = open_pair(t, &p, tp, dp, 2, NULL, 0, false) && draft_two(t, &p, df, lf);
+    const float *c = ok ? drafter_confidence(p.dctx) : NULL;
+    ok = ok && c != NULL;
+    CHECK_MSG(c != NULL || !ok, "no DSpark confidences");
+    if (ok) memcpy(cf, c, sizeof(cf));
+    tu_pair_close(&p);
+    for (int pass = 0; pass < 2 && ok; pass++) {
+        bool in[DV_NV];
+        for (int32_t v = 0; v < DV_NV; v++) in[v] = pass == 0 ? v % 5 == 2 : v % 3 == 1;
+        for (int sq = 0; sq < 2; sq++) {
+            for (int j = 0; j < (pass == 0 ? lens[sq] : 1); j++) in[df[sq * DV_K + j]] = pass == 0;
+        }
+        int32_t nh = 0;
+        for (int32_t v = 0; v < DV_NV; v++) {
+            if (in[v]) H[nh++] = v;
+        }
+        ok = open_pair(t, &p, tp, dp, 2, H, nh, false) && draft_two(t, &p, dh, lh);
+        const float *ch = ok ? drafter_confidence(p.dctx) : NULL;
+        ok = ok && ch != NULL;
+        for (int sq = 0; sq < 2 && ok; sq++) {
+            for (int j = 0; j < lens[sq] && ok; j++) {
+                const size_t slot = (size_t)sq * DV_K + (size_t)j;
+                const float *rf = lf + slot * DV_NV, *rh = lh + slot * DV_NV;
+                CHECK_MSG(in[dh[slot]], "pass %d: seq %d slot %d: draft %d is outside the vocabulary", pass, sq, j, dh[slot]);
+                for (int32_t v = 0; v < DV_NV && ok && (pass == 0 || j == 0); v++) {
+                    if (in[v] ? memcmp(&rf[v], &rh[v], sizeof(float)) != 0 : !(isinf(rh[v]) && rh[v] < 0)) {
+                        test_fail(t, __FILE__, __LINE__, "pass %d: seq %d slot %d token %d: biased logit %g, the whole "
+                                  "head's %g", pass, sq, j, v, rh[v], rf[v]);
+                        ok = false;
+                    }
+                }
+                if (pass == 0) {
+                    CHECK_MSG(dh[slot] == df[slot], "pass 0: seq %d slot %d: draft %d, the whole head's %d", sq, j, dh[slot], df[slot]);
+                    CHECK_MSG(memcmp(&ch[slot], &cf[slot], sizeof(float)) == 0, "pass 0: seq %d slot %d: confidence %g, "
+                              "the whole head's %g", sq, j, ch[slot], cf[slot]);
+                } else if (j == 0) {
+                    int32_t best = -1;
+                    for (int32_t v = 0; v < DV_NV; v++) {
+                        if (in[v] && (best < 0 || rf[v] > rf[best])) best = v;
+                    }
+                    CHECK_MSG(dh[slot] == best, "pass 1: seq %d: first draft %d, the argmax over the vocabulary is %d", sq,
+                              dh[slot], best);
+                    CHECK_MSG(dh[slot] != df[slot], "pass 1: seq %d: the whole head's first draft %d was left out", sq, df[slot]);
+                }
+            }
+        }
+        tu_pair_close(&p);
+    }
+    if (ok) dv_lossless(t, tp, dp, "dspark");
+    free(lf);
+    free(lh);
+}
+
 TEST(draft_vocab_refuses_bad_lists) {
-    char tp[512], dp[512], sp[512], sd[512];
+    char tp[512], dp[512];
     if (!tu_make_models(t, "m", DV_T " --n-embd 64 --type f32", tp, dp, sizeof(tp))) return;
-    if (!tu_make_models(t, "ds", DV_T " --n-embd 64 --type f32 --dspark-rank 8", sp, sd, sizeof(sp))) return;
     dfl_error err = {0};
-    dfl_model *tm = dfl_model_load(tp, NULL, &err), *dm = dfl_model_load(dp, NULL, &err), *dsm = dfl_model_load(sd, NULL, &err);
-    REQUIRE(tm != NULL && dm != NULL && dsm != NULL);
+    dfl_model *tm = dfl_model_load(tp, NULL, &err), *dm = dfl_model_load(dp, NULL, &err);
+    REQUIRE(tm != NULL && dm != NULL);
     const dfl_hparams *dh = dfl_model_hparams(dm);
     dfl_context_params cp = dfl_context_default_params();
     cp.n_ctx = 64;
@@ -327,13 +397,9 @@ TEST(draft_vocab_refuses_bad_lists) {
     dpar.draft_vocab = NULL;
     CHECK(dfl_context_new(dm, &dpar, &err) == NULL);
     CHECK_STR_CONTAINS(err.msg, "no id list");
-    dpar.draft_vocab = ids;
-    CHECK(dfl_context_new(dsm, &dpar, &err) == NULL); /* the DSpark drafter reads the whole head */
-    CHECK_STR_CONTAINS(err.msg, "DFlash and DFlash2 drafters only");
     dfl_context_free(tc);
     dfl_model_free(tm);
     dfl_model_free(dm);
-    dfl_model_free(dsm);
 }
 
 /* The "tokens":[...] array of a --json line (empty when missing). */

@@ -68,10 +68,6 @@ static dfl_status drafter_hot_init(dfl_context *d, drafter_state *ds, const int3
                                    dfl_error *err) {
     const dfl_model *tm = ds->target->model;
     const gguf_tensor *src = d->model->output != NULL ? d->model->output : tm->output;
-    if (d->model->dspark.markov_w1 != NULL) {
-        return error_set(err, DFL_ERR_UNSUPPORTED, "a reduced draft vocabulary is supported for DFlash and DFlash2 "
-                         "drafters only (the DSpark Markov chain reads every row of the head)");
-    }
     /* DFlash2: the selector takes the top-k of every row, so the vocabulary holds at least k */
     const int64_t n_min = ds->d2 != NULL ? dflash2_top_k_count(ds->d2) : 1;
     if (hot == NULL || n < n_min || n > d->n_vocab || src == NULL) {
@@ -122,6 +118,8 @@ static dfl_status drafter_hot_init(dfl_context *d, drafter_state *ds, const int3
         ds->hot_w = tensor_in_buffer(ds->hot_buf, 0, src->type, src->ne[0], n);
     }
     free(rows);
+    /* DSpark: the Markov chain's rows of the same ids */
+    if (ds->dspark != NULL) return dspark_set_vocab(d, ds->dspark, ds->hot_ids, n, err);
     return DFL_OK;
 }
 
@@ -416,7 +414,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     op_get_rows(q, x_out, x, rows);
     op_rmsnorm(q, x_out, x_out, &d->w.output_norm, hp->norm_eps);
     tensor logits = tensor_rows(&s->logits, 0, n_out);                /* [n_vocab, n_out] */
-    bool flagged = false;
+    bool flagged = false, ids_mapped = false;
     const int64_t n_row = ds->n_hot > 0 ? ds->n_hot : d->n_vocab; /* logits per output row */
     if (ds->d2 == NULL && ds->dspark == NULL) {
         tensor amax = fwd_vec_head(&s->ids, n_out);                       /* [n_out] i32 */
@@ -434,7 +432,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
             op_argmax(q, amax, logits);
         }
         op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
-    } else if (ds->d2 != NULL && ds->n_hot > 0) {                       /* [n_hot, n_out] */
+    } else if (ds->n_hot > 0) { /* DFlash2 / DSpark on the reduced head: [n_hot, n_out] */
         logits = tensor_2d(QUANT_TYPE_F32, s->logits.data, n_row, n_out);
         logits.buf = s->logits.buf;
         op_matmul(q, logits, ds->hot_w, x_out);
@@ -458,8 +456,12 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         op_read(q, out, amax, (size_t)n_out * sizeof(int32_t));
         backend_queue_synchronize(q);
         for (int64_t r = 0; r < n_out && !flagged; r++) flagged = out[r] < 0;
-        /* no Markov chain ran: no row is a DSpark draft, all are flagged (the session cuts them) */
-        for (int64_t r = 0; r < n_out && flagged; r++) out[r] = out[r] < 0 ? out[r] : -1;
+        /* no Markov chain ran: no row is a DSpark draft, all are flagged (the session cuts them;
+         * a reduced vocabulary's flags name their token ids first) */
+        for (int64_t r = 0; r < n_out && flagged; r++) {
+            out[r] = out[r] >= 0 ? -1 : ds->n_hot > 0 ? -1 - ds->hot_ids[-1 - out[r]] : out[r];
+        }
+        ids_mapped = flagged;
     }
     if (ds->dspark != NULL && !flagged) {
         /* DSpark: the Markov bias chained over the rows (drafts = argmax of the biased rows),
@@ -472,7 +474,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     }
     backend_queue_synchronize(q);
     d->pending = false;
-    if (ds->n_hot > 0) {
+    if (ds->n_hot > 0 && !ids_mapped) {
         /* ids of the reduced head -> token ids (a NaN/Inf flag -1 - i names token hot_ids[i]) */
         for (int64_t r = 0; r < n_out; r++) out[r] = out[r] >= 0 ? ds->hot_ids[out[r]] : -1 - ds->hot_ids[-1 - out[r]];
     }

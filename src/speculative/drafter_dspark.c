@@ -10,7 +10,10 @@
  *     logits[rows_j] = z_j                         (set_rows: the biased rows replace the raw ones)
  *   the argmax ids of every row come back in one read; the confidence head (a dot product of
  *   n_embd + R per row) runs on the host afterwards from the read-back head inputs and the
- *   markov_w1 rows of the drafted tokens (in the file mapping).                               */
+ *   markov_w1 rows of the drafted tokens (in the file mapping).
+ *   With a reduced draft vocabulary H (dspark_set_vocab) the rows are H's: b_j and z_j are
+ *   [|H|, n_j] (markov_w2's rows of H), prev_{j+1} is an index into H and e_{j+1} its row of
+ *   markov_w1's rows of H; e_0 still comes from the whole markov_w1 (an anchor may be outside H). */
 #include "speculative/drafter_dspark.h"
 #include "base/error.h"
 
@@ -35,11 +38,18 @@ struct dspark_state {
     float *h_x;      /* [n_embd, n_seq * n_pos] head inputs (confidence head only) */
     float *conf_w;   /* [n_embd + R] dequantized conf_proj (confidence head only) */
     float *e_row;    /* [R] one dequantized markov_w1 row */
+    /* a reduced draft vocabulary (dspark_set_vocab; n_hot 0: none) */
+    const int32_t *hot_ids; /* [n_hot] ascending token ids (the drafter state's) */
+    int64_t n_hot;
+    backend_buffer *hot_buf;
+    tensor w1_hot;   /* [R, n_hot] markov_w1 rows of hot_ids */
+    tensor w2_hot;   /* [R, n_hot] markov_w2 rows of hot_ids */
 };
 
 void dspark_state_free(dspark_state *st) {
     if (st == NULL) return;
     if (st->buf) backend_buffer_free(st->buf);
+    if (st->hot_buf) backend_buffer_free(st->hot_buf);
     free(st->order);
     free(st->rank);
     free(st->h_prev);
@@ -134,6 +144,43 @@ dspark_state *dspark_state_new(dfl_context *d, dfl_error *err) {
     return st;
 }
 
+dfl_status dspark_set_vocab(dfl_context *d, dspark_state *st, const int32_t *hot_ids, int64_t n_hot, dfl_error *err) {
+    const model_dspark *ds = &d->model->dspark;
+    const gguf_tensor *src[2] = {ds->markov_w1, ds->markov_w2};
+    size_t rb[2], at[2], total = 0;
+    for (int w = 0; w < 2; w++) {
+        rb[w] = quant_row_size(src[w]->type, ds->rank);
+        at[w] = total;
+        total += (rb[w] * (size_t)n_hot + 63) & ~(size_t)63;
+    }
+    uint8_t *rows = malloc(total);
+    if (rows == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory for the draft vocabulary's DSpark rows");
+    for (int w = 0; w < 2; w++) {
+        for (int64_t i = 0; i < n_hot; i++) {
+            memcpy(rows + at[w] + rb[w] * (size_t)i, (const uint8_t *)src[w]->data + rb[w] * (size_t)hot_ids[i], rb[w]);
+        }
+    }
+    st->hot_buf = backend_buffer_alloc(d->be, total, err);
+    if (st->hot_buf == NULL) {
+        free(rows);
+        return err != NULL ? err->code : DFL_ERR_NOMEM;
+    }
+    backend_buffer_set(st->hot_buf, 0, rows, total);
+    free(rows);
+    st->w1_hot = tensor_in_buffer(st->hot_buf, at[0], src[0]->type, ds->rank, n_hot);
+    st->w2_hot = tensor_in_buffer(st->hot_buf, at[1], src[1]->type, ds->rank, n_hot);
+    st->hot_ids = hot_ids;
+    st->n_hot = n_hot;
+    return DFL_OK;
+}
+
+/* A [ne0, ne1] f32 view at the start of t (the reduced vocabulary's rows in a whole one's room). */
+static tensor f32_front(const tensor *t, int64_t ne0, int64_t ne1) {
+    tensor v = tensor_2d(QUANT_TYPE_F32, t->data, ne0, ne1);
+    v.buf = t->buf;
+    return v;
+}
+
 /* A view of n int32 entries of t starting at entry i0. */
 static tensor i32_span(const tensor *t, int64_t i0, int64_t n) {
     tensor v = *t;
@@ -181,11 +228,13 @@ void dspark_chain_enqueue(dfl_context *d, dspark_state *st, tensor logits, tenso
         while (n_j < n && lens[st->order[n_j]] > j) n_j++;
         tensor prev = j == 0 ? i32_span(&st->prev, 0, n_j) : i32_span(&st->amax, (int64_t)(j - 1) * st->n_seq, n_j);
         tensor rows = i32_span(&st->rows, (int64_t)j * st->n_seq, n_j);
+        const int64_t W = st->n_hot > 0 ? st->n_hot : st->z.ne[0]; /* rows' width: H's ids, or V */
         tensor e = tensor_rows(&st->e, 0, n_j);            /* [R, n_j] */
-        tensor bias = tensor_rows(&st->bias, 0, n_j);      /* [V, n_j] */
-        tensor z = tensor_rows(&st->z, 0, n_j);            /* [V, n_j] */
-        op_get_rows(q, e, d->w.markov_w1, prev);
-        op_matmul(q, bias, d->w.markov_w2, e);
+        tensor bias = f32_front(&st->bias, W, n_j);        /* [W, n_j] */
+        tensor z = f32_front(&st->z, W, n_j);              /* [W, n_j] */
+        /* prev: the anchors' token ids (row 0), else the previous row's argmax (an index into H) */
+        op_get_rows(q, e, j > 0 && st->n_hot > 0 ? st->w1_hot : d->w.markov_w1, prev);
+        op_matmul(q, bias, st->n_hot > 0 ? st->w2_hot : d->w.markov_w2, e);
         if (ds->markov_scale != 1.0f) op_scale(q, bias, bias, ds->markov_scale);
         op_get_rows(q, z, logits, rows);
         op_add(q, z, z, bias);
@@ -205,7 +254,10 @@ void dspark_finish(const dfl_context *d, const dspark_state *st, int32_t n, cons
     int64_t off = 0;
     for (int32_t i = 0; i < n; i++) {
         const int32_t r = st->rank[i];
-        for (int32_t j = 0; j < lens[i]; j++) out[off + j] = st->h_amax[(int64_t)j * st->n_seq + r];
+        for (int32_t j = 0; j < lens[i]; j++) {
+            const int32_t a = st->h_amax[(int64_t)j * st->n_seq + r];
+            out[off + j] = st->n_hot > 0 ? st->hot_ids[a] : a;
+        }
         if (conf != NULL && st->h_x != NULL) {
             for (int32_t j = 0; j < lens[i]; j++) {
                 const int32_t prev = j == 0 ? last[i] : out[off + j - 1];

@@ -12,6 +12,12 @@ typedef struct dspark_state dspark_state;
 dspark_state *dspark_state_new(dfl_context *d, dfl_error *err);
 void dspark_state_free(dspark_state *st);
 
+/* A reduced draft vocabulary (hot_ids [n_hot] ascending, kept by the caller): the markov_w1 and
+ * markov_w2 rows of those ids are copied to the context's backend; from then on the chain runs
+ * over the n_hot ids (logits [n_hot, n_out]: z_j = logits_j + the bias's rows of the ids, argmax
+ * an index into hot_ids) and dspark_finish gives token ids. */
+dfl_status dspark_set_vocab(dfl_context *d, dspark_state *st, const int32_t *hot_ids, int64_t n_hot, dfl_error *err);
+
 /* Enqueues the Markov chain on the drafter's queue. logits [n_vocab, n_out] are the head's
  * rows of the n sequences, packed: sequence i's lens[i] drafted rows (block-position order) at
  * rows off_i = lens[0] + .. + lens[i-1]; they are biased in place (z_j = logits_j + bias_j, the

@@ -171,12 +171,8 @@ tensor cpu_weight_packed_view(const cpu_kernels *k, const tensor *w, void *dst);
 #define CPU_KQ_X16_Q6K_QH 2368
 /* Q6K_X16V records: d and SC as Q6_K's above; QV + 64 (3 j + k) + 4 i: dword k (k < 3) of
  * sub-block j (j < 16) of row i, byte e = (q + 32 of value 4 k + e of the sub-block) | (bits
- * 2 k, 2 k + 1 of q + 32 of value 12 + e) << 6 (cpu_q6K_x16v_byte). */
+ * 2 k, 2 k + 1 of q + 32 of value 12 + e) << 6. */
 #define CPU_Q6K_X16V_QV 320
-/* Byte e of dword k of a Q6K_X16V sub-block from its 16 values q + 32 (0..63). */
-static inline uint8_t cpu_q6K_x16v_byte(const uint8_t u[16], int k, int e) {
-    return (uint8_t)(u[4 * k + e] | ((u[12 + e] >> (2 * k)) & 3) << 6);
-}
 /* Q4_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes (ggml's
  * get_scale_min_k4). */
 void cpu_q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m);

@@ -200,7 +200,6 @@ TEST(draft_vocab_dflash2) {
         memcpy(pr_f, pr, (size_t)(2 * DV_K) * sizeof(float));
     }
     tu_pair_close(&p);
-    int n_left_out = 0;
     for (int pass = 0; pass < 2 && ok; pass++) {
         /* pass 0: every candidate of every row, plus ids = 2 mod 5; pass 1: ids = 1 mod 3 without
          * each row's first candidate */
@@ -246,12 +245,10 @@ TEST(draft_vocab_dflash2) {
                     CHECK_MSG((int32_t)lat[r * rl + s] == want[s], "pass 1: row %lld candidate %lld: %d, the top-k over the "
                               "vocabulary has %d", (long long)r, (long long)s, (int)lat[r * rl + s], want[s]);
                 }
-                n_left_out += !in[(int32_t)lat_f[r * rl]];
             }
         }
         tu_pair_close(&p);
     }
-    CHECK_MSG(!ok || n_left_out == n_rows, "%d of %lld rows had their first candidate left out", n_left_out, (long long)n_rows);
     if (ok) dv_lossless(t, tp, dp, "dflash2");
     /* fewer ids than the selector's top-k */
     dfl_error err = {0};
@@ -263,15 +260,19 @@ TEST(draft_vocab_dflash2) {
     cp.capture_layers = dfl_model_hparams(dm)->target_layers;
     dfl_context *tc = dfl_context_new(tm, &cp, &err);
     REQUIRE(tc != NULL);
-    int32_t few[4] = {1, 2, 3, 4};
+    int32_t few[64];
+    for (int i = 0; i < 64; i++) few[i] = 1 + 3 * i;
+    REQUIRE(k >= 2 && k <= 64);
     dfl_context_params dpar = dfl_context_default_params();
     dpar.target = tc;
     dpar.n_draft_vocab = (int32_t)k - 1;
     dpar.draft_vocab = few;
-    CHECK(k >= 2 && k <= 5 && dfl_context_new(dm, &dpar, &err) == NULL);
+    dfl_context *dc = dfl_context_new(dm, &dpar, &err);
+    CHECK(dc == NULL);
+    dfl_context_free(dc);
     CHECK_STR_CONTAINS(err.msg, "a DFlash2 selector takes its top-k of them");
     dpar.n_draft_vocab = (int32_t)k;
-    dfl_context *dc = dfl_context_new(dm, &dpar, &err);
+    dc = dfl_context_new(dm, &dpar, &err);
     CHECK_MSG(dc != NULL, "a vocabulary of the top-k's %lld ids: %s", (long long)k, err.msg);
     dfl_context_free(dc);
     dfl_context_free(tc);
@@ -341,7 +342,6 @@ TEST(draft_vocab_dspark) {
                     }
                     CHECK_MSG(dh[slot] == best, "pass 1: seq %d: first draft %d, the argmax over the vocabulary is %d", sq,
                               dh[slot], best);
-                    CHECK_MSG(dh[slot] != df[slot], "pass 1: seq %d: the whole head's first draft %d was left out", sq, df[slot]);
                 }
             }
         }

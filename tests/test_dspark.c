@@ -775,6 +775,34 @@ TEST(dspark_nonfinite) {
             CHECK_EQ_INT(n_tok, 1);
             const spec_stats st = spec_get_stats(p.spec);
             CHECK(st.n_draft_nonfinite > 0);
+            /* the same with a reduced draft vocabulary: every row flagged, naming a token of it */
+            const int32_t H[4] = {100, 5, 77, 9};
+            dfl_context *tc2 = dfl_context_new(p.target, &cp, &err);
+            REQUIRE(tc2 != NULL);
+            dfl_context_params dv = dfl_context_default_params();
+            dv.target = tc2;
+            dv.n_draft_vocab = 4;
+            dv.draft_vocab = H;
+            dfl_context *dc2 = dfl_context_new(p.drafter, &dv, &err);
+            spec_session *s2 = dc2 != NULL ? spec_new(tc2, dc2, &sp, &err) : NULL;
+            CHECK_MSG(s2 != NULL, "%s", err.msg);
+            int32_t f2, dr[3];
+            if (s2 != NULL && spec_prefill(s2, 0, prompt, 6, &f2, &err) == DFL_OK &&
+                drafter_draft(dc2, 1, (int32_t[]){0}, &f2, 3, NULL, dr, NULL, &err) == DFL_OK) {
+                for (int j = 0; j < 3; j++) {
+                    const int32_t tok = -1 - dr[j];
+                    CHECK_MSG(dr[j] < 0 && (tok == 5 || tok == 9 || tok == 77 || tok == 100),
+                              "reduced vocabulary: draft %d: %d (a flag naming a token of the vocabulary expected)", j, dr[j]);
+                }
+                CHECK_MSG(spec_step(s2, 1, (int32_t[]){0}, toks, &n_tok, &err) == DFL_OK, "%s", err.msg);
+                CHECK_EQ_INT(n_tok, 1);
+                CHECK(spec_get_stats(s2).n_draft_nonfinite > 0);
+            } else {
+                CHECK_MSG(false, "reduced vocabulary: %s", err.msg);
+            }
+            spec_free(s2);
+            dfl_context_free(dc2);
+            dfl_context_free(tc2);
             snprintf(err.msg, sizeof(err.msg), "step ran without drafts (%lld non-finite draft slots)",
                      (long long)st.n_draft_nonfinite);
         }

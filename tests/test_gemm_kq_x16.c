@@ -311,16 +311,22 @@ TEST(gemm_kq_x16_ops_and_validation) {
     free(x);
 }
 
-/* Q4_K_M: every q4_K and q6_K projection packed */
+/* Q4_K_M: every q4_K and q6_K projection packed, in the layout of this CPU's kernels (Q6_K:
+ * Q6K_X16V for AVX2, KQ_X16 for AVX-512) */
 static void kx_check_packed(test_ctx *t, dfl_context *c) {
+    cpu_kernels k;
+    cpu_kernels_select(&k, cpu_features_detect());
+    const uint32_t q6 = k.pack_layout[QUANT_TYPE_Q6_K];
+    CHECK(q6 == ((cpu_features_detect() & BACKEND_CPU_FEATURE_AVX512_VNNI) && (cpu_features_detect() & BACKEND_CPU_FEATURE_AVX512)
+                     ? TENSOR_LAYOUT_KQ_X16
+                     : TENSOR_LAYOUT_Q6K_X16V));
     int n_packed = 0;
     for (int il = 0; il < 2; il++) {
         const ctx_layer_w *L = &c->w.layers[il];
         const tensor *ts[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
         for (int i = 0; i < 7; i++) {
             CHECK(ts[i]->type != QUANT_TYPE_Q4_K || ts[i]->layout == TENSOR_LAYOUT_KQ_X16);
-            CHECK(ts[i]->type != QUANT_TYPE_Q6_K || ts[i]->layout == TENSOR_LAYOUT_KQ_X16 ||
-                  ts[i]->layout == TENSOR_LAYOUT_Q6K_X16V);
+            CHECK(ts[i]->type != QUANT_TYPE_Q6_K || ts[i]->layout == q6);
             n_packed += ts[i]->layout != TENSOR_LAYOUT_PLAIN;
         }
     }

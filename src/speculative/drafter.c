@@ -442,8 +442,8 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     if (ds->d2 != NULL) {
         /* DFlash2: the selector lattice and its walk give the drafts (drafter_dflash2.c) */
         if (ds->logit_scale != 1.0f) op_scale(q, logits, logits, ds->logit_scale);
-        dfl_status st = dflash2_select(d, ds->d2, x_out, logits, n_out, n_active, last, n_draft, lens, ds->hot_ids, ds->n_hot,
-                                       out, logits_out, err);
+        dfl_status st = dflash2_select(d, ds->d2, x_out, logits, n_out, n_active, last, n_draft, lens, ds->hot_ids,
+                                       ds->n_hot, out, logits_out, err);
         d->pending = false;
         return st;
     }

@@ -141,8 +141,8 @@ dflash2_state *dflash2_state_new(dfl_context *d, dfl_error *err) {
     st->succ_rows = malloc((size_t)(k * R) * sizeof(float));
     st->cond = malloc((size_t)R * sizeof(float));
     float *bases = calloc((size_t)(hp->n_layer * 4 * st->K * st->n_embd), sizeof(float));
-    if (!st->attn_proj || !st->ffn_proj || !st->h_sidx || !st->h_logits || !st->h_gate || !st->cand || !st->cand_lg || !st->lattice ||
-        !st->probs || !st->pred_rows || !st->succ_rows || !st->cond || !bases) {
+    if (!st->attn_proj || !st->ffn_proj || !st->h_sidx || !st->h_logits || !st->h_gate || !st->cand || !st->cand_lg ||
+        !st->lattice || !st->probs || !st->pred_rows || !st->succ_rows || !st->cond || !bases) {
         free(bases);
         dflash2_state_free(st);
         error_set(err, DFL_ERR_NOMEM, "out of memory creating the DFlash2 drafter state");

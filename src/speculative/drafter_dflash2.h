@@ -27,8 +27,9 @@ void dflash2_layer(dfl_context *d, dflash2_state *st, int64_t il, tensor x, int6
  * when lens is NULL). Builds each row's lattice, walks it from the anchor last[i] and writes
  * sequence i's drafts to out + i * n_draft; logits_out as drafter_draft documents. With a
  * reduced draft vocabulary (n_hot > 0, hot_ids ascending, n_hot >= the selector's top-k) logits
- * is [n_hot, n_out]: the candidates are the top-k of the ids in it (as over full rows that hold
- * -inf elsewhere), and logits_out gets full rows with -inf off it. Synchronizes the queue. */
+ * is [n_hot, n_out]: the candidates are the top-k of those ids' logits (ties: the lower id), a
+ * NaN / Inf among them ends the walk as on full rows, and logits_out gets full rows with -inf off
+ * the vocabulary. Synchronizes the queue. */
 dfl_status dflash2_select(dfl_context *d, dflash2_state *st, tensor x_out, tensor logits, int64_t n_out, int32_t n_active,
                           const int32_t *last, int32_t n_draft, const int32_t *lens, const int32_t *hot_ids,
                           int64_t n_hot, int32_t *out, float *logits_out, dfl_error *err);

@@ -160,10 +160,13 @@ dfl_status dspark_set_vocab(dfl_context *d, dspark_state *st, const int32_t *hot
             memcpy(rows + at[w] + rb[w] * (size_t)i, (const uint8_t *)src[w]->data + rb[w] * (size_t)hot_ids[i], rb[w]);
         }
     }
-    st->hot_buf = backend_buffer_alloc(d->be, total, err);
+    dfl_error e2;
+    error_clear(&e2);
+    st->hot_buf = backend_buffer_alloc(d->be, total, &e2);
     if (st->hot_buf == NULL) {
         free(rows);
-        return err != NULL ? err->code : DFL_ERR_NOMEM;
+        return error_set(err, e2.code, "draft vocabulary: cannot allocate its %.1f MB of DSpark Markov rows: %s",
+                         (double)total / 1e6, e2.msg);
     }
     backend_buffer_set(st->hot_buf, 0, rows, total);
     free(rows);

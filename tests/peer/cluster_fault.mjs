@@ -39,7 +39,7 @@ function fail(name, why) {
   // removed afterwards
   try {
     const lines = readFileSync(`${dir}/haproxy.log`, 'utf8').split('\n')
-      .filter((l) => /Server |"(GET|POST) /.test(l) && !/ 200 \d+ - - ---- /.test(l));
+      .filter((l) => /Server |"(GET|POST) /.test(l) && !/ 200 \d+ - - ---- \S+\/\d+ /.test(l));
     console.log(`haproxy.log (${lines.length} lines other than plain 200s):\n${lines.slice(-40).join('\n')}`);
   } catch (e) { console.log(`haproxy.log: ${e.message}`); }
   down();

@@ -309,10 +309,10 @@ T2 INL void kq2_rows(const kq2_dec *D, const int Q6, const cpu_act *act, int64_t
     }
 }
 
-/* The fused path for packed weights: half h of a KQ_X16 record is decoded in registers and
- * multiplied at once with NT <= 4 activation rows (no kq2_dec round trip through L1; which path
- * runs: KQ2_FUSED_Q6). The int32 sums S and M are the exact integers kq2_rows forms, so the bits
- * are the same. */
+/* The fused path for packed weights: half h of a KQ_X16 (Q4_K) or Q6K_X16V (Q6_K) record is
+ * decoded in registers and multiplied at once with NT <= 4 activation rows (no kq2_dec round trip
+ * through L1; which path runs: KQ2_FUSED_Q6). The int32 sums S and M are the exact integers
+ * kq2_rows forms, so the bits are the same. */
 T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act *act, int64_t sb, int64_t r0,
                            const int NT, float *acc, const char *pf, int L) {
     /* pf: the same record of the next group (L lines), or NULL (a later row tile: already
@@ -342,8 +342,9 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
                 if (li < lend) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
 #pragma GCC unroll 4
                 for (int r = 0; r < NT; r++) {
-                    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(wv[2 * t], bcast32_2(x0 + r * n + 4 * v0)),
-                                                         _mm256_maddubs_epi16(wv[2 * t + 1], bcast32_2(x0 + r * n + 4 * v0 + 4)));
+                    const int8_t *xr = x0 + r * n + 4 * v0;
+                    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(wv[2 * t], bcast32_2(xr)),
+                                                         _mm256_maddubs_epi16(wv[2 * t + 1], bcast32_2(xr + 4)));
                     S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16, scp));
                 }
             }

@@ -103,8 +103,9 @@ typedef void (*cpu_f16_row_fn)(uint16_t *d, const float *x, int64_t n);
 typedef struct cpu_kernels {
     const char *name;                     /* "scalar", "avx2", "avx512" */
     cpu_matmul_fn matmul[QUANT_TYPE_COUNT]; /* by weight type; NULL = unsupported */
-    /* weights packed by cpu_weight_pack (cpu_pack.c): Q8_0 in TENSOR_LAYOUT_Q8_0_X16, Q4_K / Q6_K in
-     * TENSOR_LAYOUT_KQ_X16; NULL: that type is not packed at this level */
+    /* weights packed by cpu_weight_pack (cpu_pack.c): Q8_0 in TENSOR_LAYOUT_Q8_0_X16, Q4_K in
+     * TENSOR_LAYOUT_KQ_X16, Q6_K in KQ_X16 (AVX-512) or Q6K_X16V (AVX2); NULL: that type is not
+     * packed at this level */
     cpu_matmul_fn matmul_packed[QUANT_TYPE_COUNT];
     uint32_t pack_layout[QUANT_TYPE_COUNT]; /* the tensor_layout matmul_packed reads */
     cpu_act_row_fn act_row[QUANT_TYPE_COUNT]; /* by weight type */

@@ -128,7 +128,8 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
     int64_t chunk = (n_out + 8 * nth - 1) / (8 * nth);
     if (chunk < 16) chunk = 16;
     /* KQ_X16 / Q6K_X16V weights come in groups of 16 rows: chunks start at a group */
-    chunk = w->layout == TENSOR_LAYOUT_KQ_X16 || w->layout == TENSOR_LAYOUT_Q6K_X16V ? (chunk + 15) & ~(int64_t)15 : (chunk + 3) & ~(int64_t)3;
+    const bool groups16 = w->layout == TENSOR_LAYOUT_KQ_X16 || w->layout == TENSOR_LAYOUT_Q6K_X16V;
+    chunk = groups16 ? (chunk + 15) & ~(int64_t)15 : (chunk + 3) & ~(int64_t)3;
     job.chunk = chunk;
     job.n_chunks = (n_out + chunk - 1) / chunk;
     /* row blocks: whole multiples of 16 rows (the kernels' row tiles), at least 16 */

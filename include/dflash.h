@@ -125,7 +125,7 @@ typedef struct dfl_context_params {
      * inside the vocabulary; copied), so drafts are always among them, and on the CPU a draft is
      * the whole head's whenever the whole head's argmax is among them. The target verifies against
      * its whole vocabulary: the output is unchanged, only acceptance can drop. 0: the whole head.
-     * DFlash drafters only (not DSpark or DFlash2). */
+     * DFlash, DFlash2 (at least its selector's top-k ids) and DSpark drafters. */
     int32_t n_draft_vocab;
     const int32_t *draft_vocab;
 } dfl_context_params;

@@ -242,7 +242,7 @@ void cli_print_common_help(FILE *out) {
             "                          target verifies over all; fewer drafts may be accepted):\n"
             "                          ids 0..N-1, or the first N of (all without N)\n"
             "  --draft-vocab-file F    token ids, commonest first; the end tokens are added\n"
-            "                          (DFlash drafters only; docs/drafter.md)\n"
+            "                          (docs/drafter.md \"Reduced draft vocabulary\")\n"
             "  --features host|device  how target features reach the drafter (default device;\n"
             "                          env DFLASH_FEATURES)\n"
             "  --feature-wait host|device  where the drafter waits for the target's features\n"

@@ -154,6 +154,16 @@ dfl_status drafter_inject(dfl_context *d, const dfl_batch *batch, dfl_error *err
 dfl_status drafter_draft(dfl_context *d, int32_t n, const int32_t *seqs, const int32_t *last, int32_t n_draft,
                          const int32_t *lens, int32_t *out, float *logits_out, dfl_error *err);
 
+/* The reduced draft vocabulary's parts that DSpark and DFlash2 share (drafter.c):
+ * - drafter_gather_rows: rows ids[0..n) of a [ne0, rows] weight of the file mapping copied into a
+ *   buffer of d's backend (*buf, owned by the caller; packed like the model's weights when pack
+ *   and the backend packs that type) and viewed as *out [ne0, n]; what names them in errors;
+ * - drafter_vocab_spread: a logit row over the n_hot ids (ascending) spread to all n_vocab
+ *   (src and dst apart): -inf off the vocabulary (never drafted). */
+dfl_status drafter_gather_rows(dfl_context *d, const gguf_tensor *src, const int32_t *ids, int64_t n, bool pack,
+                               const char *what, backend_buffer **buf, tensor *out, dfl_error *err);
+void drafter_vocab_spread(float *dst, const float *src, const int32_t *hot_ids, int64_t n_hot, int64_t n_vocab);
+
 /* DSpark with a confidence head: the confidences of the last drafter_draft's rows, laid out like
  * its `out` ([n, n_draft], row i stride n_draft); NULL otherwise (docs/drafter.md, "DSpark"). */
 const float *drafter_confidence(const dfl_context *d);

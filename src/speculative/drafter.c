@@ -61,6 +61,45 @@ static int cmp_i32(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+dfl_status drafter_gather_rows(dfl_context *d, const gguf_tensor *src, const int32_t *ids, int64_t n, bool pack,
+                               const char *what, backend_buffer **buf, tensor *out, dfl_error *err) {
+    const size_t row_bytes = quant_row_size(src->type, src->ne[0]), bytes = row_bytes * (size_t)n;
+    uint8_t *rows = malloc(bytes);
+    if (rows == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory for the draft vocabulary's %s", what);
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(rows + row_bytes * (size_t)i, (const uint8_t *)src->data + row_bytes * (size_t)ids[i], row_bytes);
+    }
+    const tensor plain = tensor_2d(src->type, rows, src->ne[0], n); /* [ne0, n] host rows */
+    const size_t packed = pack && backend_get_caps(d->be).host_visible ? backend_weight_pack_size(d->be, &plain) : 0;
+    dfl_error e2;
+    error_clear(&e2);
+    *buf = backend_buffer_alloc(d->be, packed > 0 ? packed : bytes, &e2);
+    if (*buf == NULL) {
+        free(rows);
+        return error_set(err, e2.code, "draft vocabulary: cannot allocate its %.1f MB of %s: %s",
+                         (double)(packed > 0 ? packed : bytes) / 1e6, what, e2.msg);
+    }
+    if (packed > 0) {
+        *out = backend_weight_pack(d->be, &plain, backend_buffer_base(*buf));
+        out->buf = *buf;
+    } else {
+        backend_buffer_set(*buf, 0, rows, bytes);
+        *out = tensor_in_buffer(*buf, 0, src->type, src->ne[0], n);
+    }
+    free(rows);
+    return DFL_OK;
+}
+
+void drafter_vocab_spread(float *dst, const float *src, const int32_t *hot_ids, int64_t n_hot, int64_t n_vocab) {
+    for (int64_t v = 0; v < n_vocab; v++) dst[v] = -INFINITY;
+    for (int64_t h = 0; h < n_hot; h++) dst[hot_ids[h]] = src[h];
+}
+
+/* A draft of the reduced head -> its token id; a NaN/Inf flag -1 - i names token hot_ids[i]. */
+static int32_t hot_token(const drafter_state *ds, int32_t v) {
+    return v >= 0 ? ds->hot_ids[v] : -1 - ds->hot_ids[-1 - v];
+}
+
 /* The reduced head: the rows hot[0..n) of the head (the drafter's own, else its target's) copied
  * into backend memory, ids sorted so that an argmax tie picks the lowest id as over the whole
  * head; packed like the model's weights unless no_pack. */
@@ -92,32 +131,8 @@ static dfl_status drafter_hot_init(dfl_context *d, drafter_state *ds, const int3
         }
     }
     ds->n_hot = n;
-    /* [n_embd, n_vocab] rows of row_bytes; the hot rows gathered on the host */
-    const size_t row_bytes = quant_row_size(src->type, src->ne[0]), bytes = row_bytes * (size_t)n;
-    uint8_t *rows = malloc(bytes);
-    if (rows == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory for the draft vocabulary's head rows");
-    for (int32_t i = 0; i < n; i++) {
-        memcpy(rows + row_bytes * (size_t)i, (const uint8_t *)src->data + row_bytes * (size_t)ds->hot_ids[i], row_bytes);
-    }
-    const tensor plain = tensor_2d(src->type, rows, src->ne[0], n); /* [n_embd, n_hot] host rows */
-    const bool host = backend_get_caps(d->be).host_visible;
-    const size_t pack = host && !no_pack ? backend_weight_pack_size(d->be, &plain) : 0;
-    dfl_error e2;
-    error_clear(&e2);
-    ds->hot_buf = backend_buffer_alloc(d->be, pack > 0 ? pack : bytes, &e2);
-    if (ds->hot_buf == NULL) {
-        free(rows);
-        return error_set(err, e2.code, "draft vocabulary: cannot allocate its %.1f MB of head rows: %s",
-                         (double)(pack > 0 ? pack : bytes) / 1e6, e2.msg);
-    }
-    if (pack > 0) {
-        ds->hot_w = backend_weight_pack(d->be, &plain, backend_buffer_base(ds->hot_buf));
-        ds->hot_w.buf = ds->hot_buf;
-    } else {
-        backend_buffer_set(ds->hot_buf, 0, rows, bytes);
-        ds->hot_w = tensor_in_buffer(ds->hot_buf, 0, src->type, src->ne[0], n);
-    }
-    free(rows);
+    dfl_status st = drafter_gather_rows(d, src, ds->hot_ids, n, !no_pack, "head rows", &ds->hot_buf, &ds->hot_w, err);
+    if (st != DFL_OK) return st;
     /* DSpark: the Markov chain's rows of the same ids */
     if (ds->dspark != NULL) return dspark_set_vocab(d, ds->dspark, ds->hot_ids, n, err);
     return DFL_OK;
@@ -459,7 +474,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
         /* no Markov chain ran: no row is a DSpark draft, all are flagged (the session cuts them;
          * a reduced vocabulary's flags name their token ids first) */
         for (int64_t r = 0; r < n_out && flagged; r++) {
-            out[r] = out[r] >= 0 ? -1 : ds->n_hot > 0 ? -1 - ds->hot_ids[-1 - out[r]] : out[r];
+            out[r] = out[r] >= 0 ? -1 : ds->n_hot > 0 ? hot_token(ds, out[r]) : out[r];
         }
         ids_mapped = flagged;
     }
@@ -475,8 +490,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
     backend_queue_synchronize(q);
     d->pending = false;
     if (ds->n_hot > 0 && !ids_mapped) {
-        /* ids of the reduced head -> token ids (a NaN/Inf flag -1 - i names token hot_ids[i]) */
-        for (int64_t r = 0; r < n_out; r++) out[r] = out[r] >= 0 ? ds->hot_ids[out[r]] : -1 - ds->hot_ids[-1 - out[r]];
+        for (int64_t r = 0; r < n_out; r++) out[r] = hot_token(ds, out[r]); /* ids of the reduced head -> tokens */
     }
     if (ds->dspark != NULL && !flagged) {
         dspark_finish(d, ds->dspark, n_active, last, ds->lens_all, out, d->model->dspark.conf_proj ? ds->conf : NULL);
@@ -492,9 +506,7 @@ dfl_status drafter_draft(dfl_context *d, int32_t n_active, const int32_t *seqs, 
          * tokens outside the reduced vocabulary get -inf (probability 0: they are never drafted) */
         for (int64_t r = n_out - 1; r >= 0; r--) {
             memcpy(ds->hot_tmp, logits_out + (size_t)r * (size_t)n_row, (size_t)n_row * sizeof(float));
-            float *row = logits_out + (size_t)r * (size_t)d->n_vocab;
-            for (int64_t v = 0; v < d->n_vocab; v++) row[v] = -INFINITY;
-            for (int64_t j = 0; j < n_row; j++) row[ds->hot_ids[j]] = ds->hot_tmp[j];
+            drafter_vocab_spread(logits_out + (size_t)r * (size_t)d->n_vocab, ds->hot_tmp, ds->hot_ids, n_row, d->n_vocab);
         }
     }
     if (lens != NULL) {

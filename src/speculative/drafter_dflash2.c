@@ -441,10 +441,9 @@ dfl_status dflash2_select(dfl_context *d, dflash2_state *st, tensor x_out, tenso
             const float *src = st->h_logits + (off + p) * W;
             if (n_hot == 0) {
                 memcpy(dst, src, (size_t)V * sizeof(float));
-                continue;
+            } else {
+                drafter_vocab_spread(dst, src, hot_ids, n_hot, V);
             }
-            for (int64_t v = 0; v < V; v++) dst[v] = -INFINITY; /* never drafted off the vocabulary */
-            for (int64_t h = 0; h < n_hot; h++) dst[hot_ids[h]] = src[h];
         }
         off += L;
     }

@@ -41,7 +41,7 @@ struct dspark_state {
     /* a reduced draft vocabulary (dspark_set_vocab; n_hot 0: none) */
     const int32_t *hot_ids; /* [n_hot] ascending token ids (the drafter state's) */
     int64_t n_hot;
-    backend_buffer *hot_buf;
+    backend_buffer *w1_buf, *w2_buf;
     tensor w1_hot;   /* [R, n_hot] markov_w1 rows of hot_ids */
     tensor w2_hot;   /* [R, n_hot] markov_w2 rows of hot_ids */
 };
@@ -49,7 +49,8 @@ struct dspark_state {
 void dspark_state_free(dspark_state *st) {
     if (st == NULL) return;
     if (st->buf) backend_buffer_free(st->buf);
-    if (st->hot_buf) backend_buffer_free(st->hot_buf);
+    if (st->w1_buf) backend_buffer_free(st->w1_buf);
+    if (st->w2_buf) backend_buffer_free(st->w2_buf);
     free(st->order);
     free(st->rank);
     free(st->h_prev);
@@ -146,32 +147,13 @@ dspark_state *dspark_state_new(dfl_context *d, dfl_error *err) {
 
 dfl_status dspark_set_vocab(dfl_context *d, dspark_state *st, const int32_t *hot_ids, int64_t n_hot, dfl_error *err) {
     const model_dspark *ds = &d->model->dspark;
-    const gguf_tensor *src[2] = {ds->markov_w1, ds->markov_w2};
-    size_t rb[2], at[2], total = 0;
-    for (int w = 0; w < 2; w++) {
-        rb[w] = quant_row_size(src[w]->type, ds->rank);
-        at[w] = total;
-        total += (rb[w] * (size_t)n_hot + 63) & ~(size_t)63;
+    dfl_status s = drafter_gather_rows(d, ds->markov_w1, hot_ids, n_hot, false, "DSpark markov_w1 rows", &st->w1_buf,
+                                       &st->w1_hot, err);
+    if (s == DFL_OK) {
+        s = drafter_gather_rows(d, ds->markov_w2, hot_ids, n_hot, false, "DSpark markov_w2 rows", &st->w2_buf, &st->w2_hot,
+                                err);
     }
-    uint8_t *rows = malloc(total);
-    if (rows == NULL) return error_set(err, DFL_ERR_NOMEM, "out of memory for the draft vocabulary's DSpark rows");
-    for (int w = 0; w < 2; w++) {
-        for (int64_t i = 0; i < n_hot; i++) {
-            memcpy(rows + at[w] + rb[w] * (size_t)i, (const uint8_t *)src[w]->data + rb[w] * (size_t)hot_ids[i], rb[w]);
-        }
-    }
-    dfl_error e2;
-    error_clear(&e2);
-    st->hot_buf = backend_buffer_alloc(d->be, total, &e2);
-    if (st->hot_buf == NULL) {
-        free(rows);
-        return error_set(err, e2.code, "draft vocabulary: cannot allocate its %.1f MB of DSpark Markov rows: %s",
-                         (double)total / 1e6, e2.msg);
-    }
-    backend_buffer_set(st->hot_buf, 0, rows, total);
-    free(rows);
-    st->w1_hot = tensor_in_buffer(st->hot_buf, at[0], src[0]->type, ds->rank, n_hot);
-    st->w2_hot = tensor_in_buffer(st->hot_buf, at[1], src[1]->type, ds->rank, n_hot);
+    if (s != DFL_OK) return s;
     st->hot_ids = hot_ids;
     st->n_hot = n_hot;
     return DFL_OK;

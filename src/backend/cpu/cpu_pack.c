@@ -11,8 +11,8 @@
  *   in cpu_internal.h and docs/quantization.md). The kernels load the lanes they decoded with 16x16
  *   transposes before. Q4_K records are 3% larger than the blocks, Q6_K records 1%.
  * - TENSOR_LAYOUT_Q6K_X16V: Q6_K as KQ_X16 with the quants as ready 6-bit values, four in every
- *   three bytes (cpu_internal.h: CPU_Q6K_X16V_QV): the AVX2 kernels take a value vector with one mask (three of
- *   four) instead of assembling it from ql and qh.
+ *   three bytes (cpu_internal.h: CPU_Q6K_X16V_QV): the AVX2 kernels take a value vector with one
+ *   mask (three of four) instead of assembling it from ql and qh.
  * Packed weights give the same bits as plain ones (the kernels do the same integer and f32
  * operations on the same values). A type is packed only where the level has a kernel for it
  * (cpu_kernels.pack_layout names the layout): Q8_0 at every level, Q4_K / Q6_K at AVX2 and
@@ -70,20 +70,6 @@ void cpu_pack_q8_0_x16_row(uint8_t *dst, const block_q8_0 *src, int64_t n_in) {
     memset(dst + used, 0, stride - used);
 }
 
-/* The 256 values q + 32 (0..63) of a Q6_K block in element order (cpu_q6_K_values plus 32). */
-static void q6K_block_u(const block_q6_K *b, uint8_t u[QK_K]) {
-    for (int n = 0; n < 2; n++) {
-        const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
-        uint8_t *o = u + 128 * n;
-        for (int l = 0; l < 32; l++) {
-            o[l] = (uint8_t)((ql[l] & 0xF) | (qh[l] & 3) << 4);
-            o[l + 32] = (uint8_t)((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4);
-            o[l + 64] = (uint8_t)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
-            o[l + 96] = (uint8_t)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4);
-        }
-    }
-}
-
 /* One KQ_X16 (v: Q6K_X16V) record: super-block sb of rows[0..15] (cpu_internal.h: CPU_KQ_X16_*,
  * CPU_Q6K_X16V_* offsets). */
 static void pack_kq_record(uint8_t *R, uint32_t type, bool v, const uint8_t *const rows[16], int64_t sb) {
@@ -105,8 +91,10 @@ static void pack_kq_record(uint8_t *R, uint32_t type, bool v, const uint8_t *con
             memcpy(R + 2 * i, &b->d, 2);
             for (int j = 0; j < 16; j++) R[CPU_KQ_X16_Q6K_SC + 16 * j + i] = (uint8_t)b->scales[j];
             if (v) {
-                uint8_t u[QK_K];
-                q6K_block_u(b, u);
+                int8_t vals[QK_K];
+                uint8_t u[QK_K]; /* q + 32 (0..63) */
+                cpu_q6_K_values(b, vals);
+                for (int m = 0; m < QK_K; m++) u[m] = (uint8_t)(vals[m] + 32);
                 for (int j = 0; j < 16; j++) {
                     /* dword kk of sub-block j as one little-endian word: values 4 kk .. 4 kk + 3,
                      * and bits 2 kk, 2 kk + 1 of values 12 .. 15 in each byte's bits 6 and 7 */

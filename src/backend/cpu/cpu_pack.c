@@ -92,18 +92,18 @@ static void pack_kq_record(uint8_t *R, uint32_t type, bool v, const uint8_t *con
             for (int j = 0; j < 16; j++) R[CPU_KQ_X16_Q6K_SC + 16 * j + i] = (uint8_t)b->scales[j];
             if (v) {
                 int8_t vals[QK_K];
-                uint8_t u[QK_K]; /* q + 32 (0..63) */
                 cpu_q6_K_values(b, vals);
-                for (int m = 0; m < QK_K; m++) u[m] = (uint8_t)(vals[m] + 32);
                 for (int j = 0; j < 16; j++) {
                     /* dword kk of sub-block j as one little-endian word: values 4 kk .. 4 kk + 3,
-                     * and bits 2 kk, 2 kk + 1 of values 12 .. 15 in each byte's bits 6 and 7 */
+                     * and bits 2 kk, 2 kk + 1 of values 12 .. 15 in each byte's bits 6 and 7; a
+                     * byte q (-32..31) becomes q + 32 as (q ^ 0x80) - 0x60, which never borrows */
                     uint32_t d4;
-                    memcpy(&d4, u + 16 * j + 12, 4);
+                    memcpy(&d4, vals + 16 * j + 12, 4);
+                    d4 = (d4 ^ 0x80808080u) - 0x60606060u;
                     for (int kk = 0; kk < 3; kk++) {
                         uint32_t a4;
-                        memcpy(&a4, u + 16 * j + 4 * kk, 4);
-                        const uint32_t word = a4 | ((d4 >> (2 * kk)) & 0x03030303u) << 6;
+                        memcpy(&a4, vals + 16 * j + 4 * kk, 4);
+                        const uint32_t word = ((a4 ^ 0x80808080u) - 0x60606060u) | ((d4 >> (2 * kk)) & 0x03030303u) << 6;
                         memcpy(R + CPU_Q6K_X16V_QV + 64 * (3 * j + kk) + 4 * i, &word, 4);
                     }
                 }

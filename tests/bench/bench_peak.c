@@ -5,11 +5,13 @@
  * per thread in assembly (enough to cover the latency), 1 thread and then n threads.
  * The figure is the ceiling the batch rows of `dflash bench` are compared with (the results files
  * in bench/results/); it moves with the clock of a shared VM, so take the best of a few runs.
- * Usage: bench_peak [n_threads (2)] [iterations per thread (20000000)] */
+ * Usage: bench_peak [n_threads (2)] [iterations per thread (20000000)] [avx2: the AVX2 pair even
+ * where the CPU has VNNI] */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #if defined(__x86_64__)
@@ -118,11 +120,11 @@ int main(int argc, char **argv) {
     const int nth = argc > 1 ? atoi(argv[1]) : 2;
     const int64_t iters = argc > 2 ? atoll(argv[2]) : 20000000;
     if (nth < 1 || nth > 256 || iters < 1) {
-        fprintf(stderr, "usage: bench_peak [n_threads 1..256] [iterations >= 1]\n");
+        fprintf(stderr, "usage: bench_peak [n_threads 1..256] [iterations >= 1] [avx2]\n");
         return 2;
     }
     __builtin_cpu_init();
-    const int vnni = __builtin_cpu_supports("avx512vnni");
+    const int vnni = __builtin_cpu_supports("avx512vnni") && !(argc > 3 && strcmp(argv[3], "avx2") == 0);
     if (!vnni && !__builtin_cpu_supports("avx2")) {
         fprintf(stderr, "bench_peak: this CPU has neither AVX-512 VNNI nor AVX2\n");
         return 1;

@@ -36,6 +36,11 @@
 #define KQ_NT 8       /* activation rows per register tile */
 #define KQ_RCHUNK 64  /* activation rows per sweep (their Q8_K rows, sums and the decoded weights fit L1) */
 #define KQ_FT 4       /* activation rows per register tile of the fused path (kq_fused_rows) */
+/* Packed records are prefetched this many super-blocks ahead (Zen 5, cold [1024 x 131072] Q4_K
+ * and the Q6_K head: 2, 4 and 8 within the VM's noise at 1, 4 and 16 rows). */
+#ifndef KQ_PF_AHEAD
+#define KQ_PF_AHEAD 2
+#endif
 /* Packed calls of at most this many rows take the fused path (Q4_K, Q6_K). */
 #ifndef KQ_FUSED_Q4
 #define KQ_FUSED_Q4 8
@@ -456,7 +461,7 @@ T512 INL void mm_kq_512(const void *w, size_t w_nb1, const int Q6, const int X16
             for (int64_t sb = 0; sb < nsb; sb++) {
                 /* X16: the record two ahead (the next group's first ones at the end of a group), a
                  * share in each row tile */
-                const char *pf = (const char *)grp + (size_t)(sb + 2) * rec;
+                const char *pf = (const char *)grp + (size_t)(sb + KQ_PF_AHEAD) * rec;
                 const int n_pf = X16 ? (int)(rec / 64) : 0, n_tiles = (int)((nrc + KQ_NT - 1) / KQ_NT);
                 if (X16 && nrc <= (Q6 ? KQ_FUSED_Q6 : KQ_FUSED_Q4)) { /* decode in registers, per row tile */
                     const uint8_t *R = grp + (size_t)sb * rec;

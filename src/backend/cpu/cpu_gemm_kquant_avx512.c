@@ -161,21 +161,38 @@ T512 INL void q4K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
     }
 }
 
+/* One Q6_K value vector, q + 32 (0..63) per byte: the nibble s >> 1 of the ql dwords l4 and the
+ * bits 2 s, 2 s + 1 of each byte of the qh dwords hv (s = 0..3). */
+T512 INL __m512i q6K_vec(__m512i l4, __m512i hv, const int s) {
+    const __m512i low = _mm512_set1_epi8(0x0f), hmask = _mm512_set1_epi8(0x30);
+    const __m512i lo4 = s >= 2 ? _mm512_and_si512(_mm512_srli_epi16(l4, 4), low) : _mm512_and_si512(l4, low);
+    __m512i h2;
+    switch (s) {
+    case 0: h2 = _mm512_slli_epi16(hv, 4); break;
+    case 1: h2 = _mm512_slli_epi16(hv, 2); break;
+    case 2: h2 = hv; break;
+    default: h2 = _mm512_srli_epi16(hv, 2); break;
+    }
+    return _mm512_ternarylogic_epi32(lo4, h2, hmask, 0xF8); /* lo4 | (h2 & hmask) */
+}
+
+/* Q6_K's -32 offset of sub-blocks 2q, 2q+1 as int16 pairs (-32 sc_2q, -32 sc_2q+1) per lane,
+ * against the Q8_K sums of 16 (bs_2q, bs_2q+1). */
+T512 INL __m512i q6K_offset_pair(__m512i sc_a, __m512i sc_b) {
+    const __m512i a = _mm512_slli_epi32(sc_a, 5), b = _mm512_slli_epi32(sc_b, 5);
+    const __m512i na = _mm512_sub_epi32(_mm512_setzero_si512(), a), nb = _mm512_sub_epi32(_mm512_setzero_si512(), b);
+    return _mm512_or_si512(_mm512_and_si512(na, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(nb, 16));
+}
+
 /* Q6_K's -32 offset as int16 pairs (-32 sc_2q, -32 sc_2q+1) against the Q8_K sums of 16. */
 T512 INL void q6K_offsets(kq_dec *D) {
-    const __m512i lo16 = _mm512_set1_epi32(0xffff);
 #pragma GCC unroll 8
-    for (int q = 0; q < 8; q++) {
-        const __m512i a = _mm512_slli_epi32(D->sc[2 * q], 5), b = _mm512_slli_epi32(D->sc[2 * q + 1], 5);
-        const __m512i na = _mm512_sub_epi32(_mm512_setzero_si512(), a), nb = _mm512_sub_epi32(_mm512_setzero_si512(), b);
-        D->mp[q] = _mm512_or_si512(_mm512_and_si512(na, lo16), _mm512_slli_epi32(nb, 16));
-    }
+    for (int q = 0; q < 8; q++) D->mp[q] = q6K_offset_pair(D->sc[2 * q], D->sc[2 * q + 1]);
 }
 
 /* The 64 value vectors of a Q6_K super-block from its ql (dwords 0..31) and qh (dwords 0..15) in
  * lanes: value 4 v + e of lane i = byte e of D->w[v], q + 32 (0..63). */
 T512 INL void q6K_assemble(const __m512i ql[32], const __m512i qh[16], kq_dec *D) {
-    const __m512i low = _mm512_set1_epi8(0x0f), hmask = _mm512_set1_epi8(0x30);
 #pragma GCC unroll 2
     for (int n = 0; n < 2; n++) {
 #pragma GCC unroll 4
@@ -184,17 +201,7 @@ T512 INL void q6K_assemble(const __m512i ql[32], const __m512i qh[16], kq_dec *D
             for (int ll = 0; ll < 8; ll++) {
                 /* values 128 n + 32 s + 4 ll: ql dword 16 n + 8 (s & 1) + ll (nibble s >> 1), qh dword
                  * 8 n + ll (bits 2 s, 2 s + 1 of each byte) */
-                const __m512i l4 = ql[16 * n + 8 * (s & 1) + ll];
-                const __m512i lo4 = s >= 2 ? _mm512_and_si512(_mm512_srli_epi16(l4, 4), low) : _mm512_and_si512(l4, low);
-                const __m512i hv = qh[8 * n + ll];
-                __m512i h2;
-                switch (s) {
-                case 0: h2 = _mm512_slli_epi16(hv, 4); break;
-                case 1: h2 = _mm512_slli_epi16(hv, 2); break;
-                case 2: h2 = hv; break;
-                default: h2 = _mm512_srli_epi16(hv, 2); break;
-                }
-                D->w[32 * n + 8 * s + ll] = _mm512_ternarylogic_epi32(lo4, h2, hmask, 0xF8); /* lo4 | (h2 & hmask) */
+                D->w[32 * n + 8 * s + ll] = q6K_vec(ql[16 * n + 8 * (s & 1) + ll], qh[8 * n + ll], s);
             }
         }
     }
@@ -262,6 +269,20 @@ T512 INL __m512i bcast32(const void *p) {
     return _mm512_set1_epi32(v);
 }
 
+/* acc[r] (16 lanes) += the super-block's f32 step for activation rows r0 .. r0+NT-1 from the exact
+ * int32 sums: fma(f32(S), d * dx, acc), then (Q4_K) fnmadd(f32(M), dmin * dx, acc). */
+T512 INL void kq_acc_rows(const __m512i *S, const __m512i *M, __m512 d, __m512 dmin, const int Q6, const cpu_act *act,
+                          int64_t sb, int64_t r0, const int NT, float *acc) {
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) {
+        const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (act->n_in / QK_K) + sb]);
+        __m512 a = _mm512_load_ps(acc + 16 * r);
+        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(d, dx), a);
+        if (!Q6) a = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[r]), _mm512_mul_ps(dmin, dx), a);
+        _mm512_store_ps(acc + 16 * r, a);
+    }
+}
+
 /* acc[r] (16 lanes, in memory) += super-block sb of the group for activation rows r0 .. r0+NT-1.
  * Q6: Q6_K (16 sub-blocks of 16, offset -32), else Q4_K (8 sub-blocks of 32, mins). */
 /* pf / npf: cache lines to prefetch during the call, spread over its sub-blocks (packed weights:
@@ -314,14 +335,7 @@ T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t
             }
         }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) {
-        const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (act->n_in / QK_K) + sb]);
-        __m512 a = _mm512_load_ps(acc + 16 * r);
-        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(D->d, dx), a);
-        if (!Q6) a = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[r]), _mm512_mul_ps(D->dmin, dx), a);
-        _mm512_store_ps(acc + 16 * r, a);
-    }
+    kq_acc_rows(S, M, D->d, D->dmin, Q6, act, sb, r0, NT, acc);
 }
 
 /* The fused path for packed weights (KQ_X16 records, NT <= KQ_FT activation rows): the record is
@@ -342,7 +356,6 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
     __m512 d, dmin = _mm512_setzero_ps();
     if (Q6) {
         d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)R));
-        const __m512i low = _mm512_set1_epi8(0x0f), hmask = _mm512_set1_epi8(0x30);
         const __m512i *ql = (const __m512i *)(R + CPU_KQ_X16_Q6K_QL), *qh = (const __m512i *)(R + CPU_KQ_X16_Q6K_QH);
 #pragma GCC unroll 16
         for (int j = 0; j < 16; j++) { /* sub-block j: values 16 j .. 16 j + 15, value vectors 4 j + t */
@@ -357,17 +370,7 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
 #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
                 const int ll = 4 * (j % 2) + t;
-                const __m512i l4 = _mm512_load_si512(ql + 16 * nn + 8 * (s & 1) + ll);
-                const __m512i lo4 = s >= 2 ? _mm512_and_si512(_mm512_srli_epi16(l4, 4), low) : _mm512_and_si512(l4, low);
-                const __m512i hv = _mm512_load_si512(qh + 8 * nn + ll);
-                __m512i h2;
-                switch (s) {
-                case 0: h2 = _mm512_slli_epi16(hv, 4); break;
-                case 1: h2 = _mm512_slli_epi16(hv, 2); break;
-                case 2: h2 = hv; break;
-                default: h2 = _mm512_srli_epi16(hv, 2); break;
-                }
-                const __m512i wv = _mm512_ternarylogic_epi32(lo4, h2, hmask, 0xF8); /* lo4 | (h2 & hmask) */
+                const __m512i wv = q6K_vec(_mm512_load_si512(ql + 16 * nn + 8 * (s & 1) + ll), _mm512_load_si512(qh + 8 * nn + ll), s);
 #pragma GCC unroll 4
                 for (int r = 0; r < NT; r++) dot[r] = _mm512_dpbusd_epi32(dot[r], wv, bcast32(x0 + r * n + 16 * j + 4 * t));
             }
@@ -375,15 +378,11 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
 #pragma GCC unroll 4
             for (int r = 0; r < NT; r++) S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot[r], sc));
         }
-        const __m512i lo16 = _mm512_set1_epi32(0xffff);
 #pragma GCC unroll 1
         for (int q = 0; q < 8; q++) { /* -32 sc (bs_2q, bs_2q+1), as q6K_offsets */
-            const __m512i a = _mm512_slli_epi32(
-                _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q)))), 5);
-            const __m512i b = _mm512_slli_epi32(
-                _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q + 1)))), 5);
-            const __m512i na = _mm512_sub_epi32(_mm512_setzero_si512(), a), nb = _mm512_sub_epi32(_mm512_setzero_si512(), b);
-            const __m512i mp = _mm512_or_si512(_mm512_and_si512(na, lo16), _mm512_slli_epi32(nb, 16));
+            const __m512i mp =
+                q6K_offset_pair(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q)))),
+                                _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q + 1)))));
 #pragma GCC unroll 4
             for (int r = 0; r < NT; r++) S[r] = _mm512_dpwssd_epi32(S[r], mp, bcast32(bs[r] + 2 * q));
         }
@@ -429,14 +428,7 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
             for (int r = 0; r < NT; r++) M[r] = _mm512_dpwssd_epi32(M[r], mp, bcast32(bs[r] + 2 * q));
         }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < NT; r++) {
-        const __m512 dx = _mm512_set1_ps(act->d[(r0 + r) * (n / QK_K) + sb]);
-        __m512 a = _mm512_load_ps(acc + 16 * r);
-        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(d, dx), a);
-        if (!Q6) a = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[r]), _mm512_mul_ps(dmin, dx), a);
-        _mm512_store_ps(acc + 16 * r, a);
-    }
+    kq_acc_rows(S, M, d, dmin, Q6, act, sb, r0, NT, acc);
 }
 
 /* X16: w is packed as TENSOR_LAYOUT_KQ_X16 (group g's records from w + 16 g w_nb1; o0 % 16 == 0). */

@@ -124,7 +124,8 @@ TEST(gemm_kq_x16_layout) {
 
 static const int64_t k_kn_in[3] = {256, 768, 2816};
 static const int64_t k_kn_out[5] = {1, 3, 13, 16, 37};
-static const int64_t k_krows[8] = {1, 3, 4, 5, 16, 17, 33, 130};
+/* the fused paths' edges: AVX-512 Q6_K 2 / 3, Q4_K 8 / 9 (tiles of 4); AVX2 16 / 17 */
+static const int64_t k_krows[10] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 130};
 
 static int kx_cmp(test_ctx *t, const float *a, const float *b, int64_t n, int64_t n_out, const char *what,
                   uint32_t type, int64_t n_in) {
@@ -147,7 +148,7 @@ TEST(gemm_kq_x16_same_bits_as_plain) {
         for (int ti = 0; ti < 2; ti++) {
             for (int ni = 0; ni < 3; ni++) {
                 for (int oi = 0; oi < 5; oi++) {
-                    for (int ri = 0; ri < 8; ri++) {
+                    for (int ri = 0; ri < 10; ri++) {
                         if (k_kn_in[ni] == 2816 && k_krows[ri] == 130 && oi != 4)
                             continue;
                         const uint32_t type = k_kt[ti];

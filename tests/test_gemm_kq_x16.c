@@ -6,8 +6,8 @@
  *   the last group padded with the last row; which levels pack (AVX2 and AVX-512; the scalar level
  *   reads the blocks);
  * - the packed kernels give the bits of the plain kernels on awkward shapes (n_in 256 .. 2816,
- *   outputs 1 .. 37, rows 1 .. 130, and rows from 1), random and extreme blocks; the packed reference gives the
- *   bits of the plain reference (also at levels that do not pack);
+ *   outputs 1 .. 37, rows 1 .. 130, from row 0 and from row 1), random and extreme blocks; the
+ *   packed reference gives the bits of the plain reference (also at levels that do not pack);
  * - output ranges starting at any group and any row range give the full call's bits and write
  *   nothing outside;
  * - op_matmul / op_matmul_argmax on 2 threads: packed equals plain; malformed packed views are
@@ -171,20 +171,17 @@ TEST(gemm_kq_x16_same_bits_as_plain) {
                         if (have) {
                             tensor tp;
                             uint8_t *p = kx_pack(&k, type, w, n_in, n_out, &tp);
-                            memset(y0, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
-                            memset(y1, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
-                            k.matmul[type](w, wrow, &act, 0, n_rows, y0, n_out, 0, n_out);
-                            k.matmul_packed[type](p, tp.nb[1], &act, 0, n_rows, y1, n_out, 0, n_out);
                             const char *what =
                                 level == 2 ? (extreme ? "avx512 packed vs plain (extreme)" : "avx512 packed vs plain")
                                            : (extreme ? "avx2 packed vs plain (extreme)" : "avx2 packed vs plain");
-                            kx_cmp(t, y1, y0, n_out * n_rows, n_out, what, type, n_in);
-                            if (n_rows >= 2) { /* rows [1, n_rows): a sweep that starts past row 0 */
+                            /* rows [a, n_rows) from a = 0, then from a = 1 (a sweep past row 0) */
+                            for (int64_t a = 0; a < (n_rows >= 2 ? 2 : 1); a++) {
                                 memset(y0, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
                                 memset(y1, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
-                                k.matmul[type](w, wrow, &act, 1, n_rows - 1, y0, n_out, 0, n_out);
-                                k.matmul_packed[type](p, tp.nb[1], &act, 1, n_rows - 1, y1, n_out, 0, n_out);
-                                kx_cmp(t, y1, y0, n_out * n_rows, n_out, "packed vs plain, rows from 1", type, n_in);
+                                k.matmul[type](w, wrow, &act, a, n_rows - a, y0, n_out, 0, n_out);
+                                k.matmul_packed[type](p, tp.nb[1], &act, a, n_rows - a, y1, n_out, 0, n_out);
+                                kx_cmp(t, y1, y0, n_out * n_rows, n_out, a == 0 ? what : "packed vs plain, rows from 1",
+                                       type, n_in);
                             }
                             if (n_rows <= 5 && ni < 2) {
                                 cpu_matmul_q_ref(type, w, wrow, &act, 0, n_rows, y0, n_out, 0, n_out);

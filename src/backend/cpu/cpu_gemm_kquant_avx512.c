@@ -11,8 +11,9 @@
  * rows share each weight vector. The Q4_K mins and the Q6_K -32 offset come from the Q8_K sums of
  * 16 (vpdpwssd with int16 pairs per lane).
  * Packed (KQ_X16) sweeps of few rows (a call's rows go in sweeps of up to KQ_RCHUNK; sweeps of
- * Q4_K <= 8, Q6_K <= 2 rows: KQ_FUSED_Q4 / KQ_FUSED_Q6) skip the buffer: kq_fused_rows decodes the record in registers per tile of up to 4 rows and multiplies at
- * once. Zen 5, one thread, [1024 x 3072] from cache, best of 3 x 300 alternated: Q4_K 1 row 0.046
+ * Q4_K <= 8, Q6_K <= 2 rows: KQ_FUSED_Q4 / KQ_FUSED_Q6) skip the buffer: kq_fused_rows decodes
+ * the record in registers per tile of up to 4 rows and multiplies at once. Zen 5, one thread,
+ * [1024 x 3072] from cache, best of 3 x 300 alternated: Q4_K 1 row 0.046
  * -> 0.034 ms, 4 rows 0.073 -> 0.055, 8 rows 0.112 -> 0.101; Q6_K 1 row 0.065 -> 0.049, 2 rows
  * 0.075 -> 0.072, 4 rows 0.090 -> 0.097 (so the buffer from 3 rows). The Q4_K_M 0.6B model's
  * decode step 11.1 -> 9.8 ms (2 threads, 6 alternated runs).
@@ -287,9 +288,9 @@ T512 INL void kq_acc_rows(const __m512i *S, const __m512i *M, __m512 d, __m512 d
 /* acc[r] (16 lanes, in memory) += super-block sb of the group for activation rows r0 .. r0+NT-1.
  * Q6: Q6_K (16 sub-blocks of 16, offset -32), else Q4_K (8 sub-blocks of 32, mins). */
 /* pf / npf: cache lines to prefetch during the call, spread over its sub-blocks (packed weights:
- * a share of the record KQ_PF_AHEAD super-blocks ahead; a burst of them at once stalled the rows). Into
- * L1 for 1-2 rows, into L2 for more (as the packed Q8_0 kernel: there the lines ahead evicted the
- * record in use from L1); the 0.6B Q4_K_M model's 4-row verify 25-30 -> 22-24 ms, alternated. */
+ * a share of the record KQ_PF_AHEAD super-blocks ahead; a burst of them at once stalled the
+ * rows). Into L1 for 1-2 rows, into L2 for more (as the packed Q8_0 kernel: there the lines ahead
+ * evicted the record in use from L1); the 0.6B Q4_K_M model's 4-row verify 25-30 -> 22-24 ms, alternated. */
 T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t sb, int64_t r0, const int NT,
                       float *acc, const char *pf, int npf) {
     const int8_t *x0 = act->qs + r0 * act->n_in + sb * QK_K; /* row r at + r * n_in */
@@ -343,7 +344,8 @@ T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t
  * decoded in registers and multiplied at once, with no kq_dec round trip through L1 (64 stores
  * and loads per super-block, which bound the one-row kernel below the memory's rate). The int32
  * sums S and M are the exact integers kq_rows forms and the f32 steps are the same, so the bits
- * are the same. pf / npf: as kq_rows, spread over the sub-blocks (Q6_K) or the 32 qs dwords (Q4_K). */
+ * are the same. pf / npf: as kq_rows, spread over the sub-blocks (Q6_K) or the 32 qs dwords
+ * (Q4_K). */
 T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, int64_t sb, int64_t r0, const int NT,
                             float *acc, const char *pf, int npf) {
     const int64_t n = act->n_in;

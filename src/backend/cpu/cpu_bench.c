@@ -75,12 +75,17 @@ dfl_status backend_bench_matmul(backend *be, uint32_t wtype, int64_t n_in, int64
     }
     uint8_t *w = aligned_alloc(64, stride * (size_t)n_copies);
     tensor *tw = malloc((size_t)n_copies * sizeof(tensor));
-    float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
-    float *y = malloc((size_t)(n_out * n_rows) * sizeof(float));
+    /* x | y in one backend buffer, as a model's activations are (huge pages when large: the
+     * output rows' stores then meet the TLB as in a forward pass) */
+    const size_t x_bytes = ((size_t)(n_in * n_rows) * sizeof(float) + 63) & ~(size_t)63;
+    backend_buffer *xy = backend_buffer_alloc(be, x_bytes + (size_t)(n_out * n_rows) * sizeof(float), err);
+    float *x = xy != NULL ? (float *)backend_buffer_base(xy) : NULL;
+    float *y = xy != NULL ? (float *)((char *)backend_buffer_base(xy) + x_bytes) : NULL;
     double *t = malloc((size_t)n_iter * sizeof(double));
     backend_queue *q = backend_queue_new(be, err);
-    if (w == NULL || tw == NULL || x == NULL || y == NULL || t == NULL || q == NULL) {
-        free(plain); free(w); free(tw); free(x); free(y); free(t);
+    if (w == NULL || tw == NULL || xy == NULL || t == NULL || q == NULL) {
+        free(plain); free(w); free(tw); free(t);
+        if (xy != NULL) backend_buffer_free(xy);
         backend_queue_free(q);
         return error_set(err, DFL_ERR_NOMEM, "bench matmul: out of memory (%zu bytes of weights)", stride * (size_t)n_copies);
     }
@@ -112,6 +117,7 @@ dfl_status backend_bench_matmul(backend *be, uint32_t wtype, int64_t n_in, int64
     res->n_copies = n_copies;
     res->packed = psize > 0;
     backend_queue_free(q);
-    free(w); free(tw); free(x); free(y); free(t);
+    free(w); free(tw); free(t);
+    backend_buffer_free(xy);
     return DFL_OK;
 }

@@ -303,7 +303,12 @@ static void attn_fn(void *ctx, int ith, int nth) {
  * then meet exactly the same nonzero terms in the same lanes and order as over all n_kv keys, the
  * rest being exact zeros), so the results stay bit-identical. Items are dealt to threads in turn
  * (their costs grow along a causal prefill). */
+/* ATTN_ROWS: query rows per item (-DATTN_ROWS= to try others). 12 (tiles of 6 + 6 rows) was no
+ * faster on Zen 5: pp512 of the Q8_0 0.6B-dimension model, 2 threads, 8 alternated pairs, 8 faster
+ * in 6 (tok/s 8 vs 12: 792/788 785/763 738/750 739/717 713/727 736/696 685/632 725/714). */
+#ifndef ATTN_ROWS
 #define ATTN_ROWS 8
+#endif
 
 typedef struct attn16_job {
     const backend_op *op;

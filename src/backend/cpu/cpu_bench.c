@@ -87,7 +87,8 @@ dfl_status backend_bench_matmul(backend *be, uint32_t wtype, int64_t n_in, int64
         free(plain); free(w); free(tw); free(t);
         if (xy != NULL) backend_buffer_free(xy);
         backend_queue_free(q);
-        return error_set(err, DFL_ERR_NOMEM, "bench matmul: out of memory (%zu bytes of weights)", stride * (size_t)n_copies);
+        return error_set(err, DFL_ERR_NOMEM, "bench matmul: out of memory (%zu bytes of weights, %zu of rows and outputs)",
+                         stride * (size_t)n_copies, x_bytes + (size_t)(n_out * n_rows) * sizeof(float));
     }
     for (int c = 0; c < n_copies; c++) {
         uint8_t *dst = w + stride * (size_t)c;

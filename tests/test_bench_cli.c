@@ -13,7 +13,7 @@
 #define TO "timeout 120 " /* a hang fails the test (exit 124) instead of blocking the suite */
 
 static int run_bench(const char *args, char *out, size_t cap) {
-    char cmd[4096];
+    static char cmd[16384];
     snprintf(cmd, sizeof(cmd), TO "%s bench %s", test_cli_path(), args);
     return test_run(cmd, out, cap);
 }
@@ -87,4 +87,21 @@ TEST(bench_cli_options) {
         CHECK_MSG(run_bench(args, out, sizeof(out)) == 2, "%s: %s", bad[i], out);
         CHECK_STR_CONTAINS(out, "--verify-seqs");
     }
+}
+
+/* A -p prompt longer than the default rows' context (--pp + --tg + ... + 256 tokens) still runs:
+ * the contexts grow to hold it (the bench once sized them before tokenizing -p, so a long prompt
+ * failed with a context error). */
+TEST(bench_cli_long_prompt) {
+    char tgt[512], dft[512], args[8192];
+    static char out[65536], prompt[4096];
+    if (!tu_make_models(t, "m", "--block-size 4", tgt, dft, sizeof(tgt))) return;
+    size_t n = 0;
+    for (int i = 0; n + 16 < sizeof(prompt); i++) n += (size_t)snprintf(prompt + n, sizeof(prompt) - n, "w%d ", i);
+    snprintf(args, sizeof(args), "-m %s -md %s -r 1 --pp 8 --tg 4 --spec-n 4 --verify 4 -t 1 -p '%s'", tgt, dft, prompt);
+    const int rc = run_bench(args, out, sizeof(out));
+    CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
+    check_row(t, out, "tg4", true);
+    check_row(t, out, "verify4", true);
+    check_row(t, out, "spec d3", true);
 }

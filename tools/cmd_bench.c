@@ -316,12 +316,14 @@ int cmd_bench(int argc, char **argv) {
     dfl_error err = {0};
     dfl_engine_free(b.s.engine); /* the bench builds its own engines (one backend for all) */
     b.s.engine = NULL;
-    dfl_engine_params ep = cli_engine_params(&b.o);
-    b.plain = dfl_engine_new_from_models(b.s.target, NULL, b.s.vocab, &ep, &err);
-    if (b.plain == NULL) fprintf(stderr, "dflash bench: %s\n", err.msg);
-    b.weight_bytes = dfl_model_n_bytes(b.s.target);
     int32_t *prompt = NULL;
-    int64_t n_prompt = b.plain != NULL ? cli_tokenize_prompt(&b.s, &b.o, b.o.prompt, &prompt, "bench") : -1;
+    int64_t n_prompt = cli_tokenize_prompt(&b.s, &b.o, b.o.prompt, &prompt, "bench");
+    /* the engines' contexts hold the prompt (-p may be long) and what the rows generate after it */
+    if (n_prompt > 0 && n_prompt + b.n_tg + b.n_spec + 256 > b.o.n_ctx) b.o.n_ctx = n_prompt + b.n_tg + b.n_spec + 256;
+    dfl_engine_params ep = cli_engine_params(&b.o);
+    if (n_prompt > 0) b.plain = dfl_engine_new_from_models(b.s.target, NULL, b.s.vocab, &ep, &err);
+    if (n_prompt > 0 && b.plain == NULL) fprintf(stderr, "dflash bench: %s\n", err.msg);
+    b.weight_bytes = dfl_model_n_bytes(b.s.target);
     /* the verify contexts: each sequence holds its prompt and one verify batch */
     if (n_prompt > 0) b.ar = bench_ctx_new(&b, 1, n_prompt + b.n_verify + 1, b.n_verify, 0);
     if (b.ar != NULL) b.arn = bench_ctx_new(&b, b.n_vseq, n_prompt + b.n_verify + 1, b.n_verify * b.n_vseq, 0);

@@ -3,7 +3,10 @@
  * in GB/s of weights and G(int)op/s, next to the machine limits given on the command line. The weights
  * are packed as a loaded model's are (column "layout"), so the rows time the kernels a model runs;
  * GB/s counts the bytes the kernel reads (a packed weight is up to 3% larger than its blocks).
- * Usage: bench_ops [n_threads (2)] [mem_GBps (34)] [int8_TOPS (1.87)] [n_shapes (all)] [first shape (0)] */
+ * Usage: bench_ops [n_threads (2)] [mem_GBps (34)] [int8_TOPS (1.87)] [n_shapes (all)] [first shape (0)]
+ *        bench_ops attn [n_threads (2)]: causal attention over an F16 KV cache with the Qwen3-0.6B head
+ *        shape (16 query heads, 8 kv heads, dim 128), 1-128 query rows after 128-4096 cells;
+ *        bench_ops attn N_THREADS N_Q N_KV: that one row. */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_bench.h"
 
@@ -11,7 +14,38 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The attention table (bench_ops attn): one layer's attention op per row. */
+static int bench_attention(backend *be, int64_t only_nq, int64_t only_nkv) {
+    printf("%-5s %6s %9s %9s %9s %8s\n", "n_q", "n_kv", "ms", "ms min", "KV GB/s", "GFLOP/s");
+    int64_t nq_list[4] = {1, 16, 64, 128}, nkv_list[4] = {128, 512, 1024, 4096};
+    if (only_nq > 0) { /* one row */
+        nq_list[0] = only_nq;
+        nkv_list[0] = only_nkv - only_nq;
+    }
+    for (int a = 0; a < 4; a++) {
+        for (int b = 0; b < 4; b++) {
+            backend_bench_result r;
+            dfl_error err;
+            memset(&err, 0, sizeof(err));
+            const int64_t nkv = nkv_list[b] + nq_list[a];
+            if (only_nq > 0 && (only_nq != nq_list[a] || only_nkv != nkv)) continue;
+            if (backend_bench_attention(be, 16, 8, 128, nq_list[a], nkv, nq_list[a] > 16 ? 20 : 100, &r, &err) != DFL_OK) {
+                fprintf(stderr, "bench_ops: %s\n", err.msg);
+                return 1;
+            }
+            printf("%-5lld %6lld %9.3f %9.3f %9.1f %8.1f\n", (long long)nq_list[a], (long long)nkv, r.ms, r.ms_min, r.gbps,
+                   r.gops);
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    const bool attn = argc > 1 && !strcmp(argv[1], "attn");
+    if (attn) {
+        argc--;
+        argv++;
+    }
     const int nt = argc > 1 ? atoi(argv[1]) : 2;
     const double mem = argc > 2 ? atof(argv[2]) : 34.0;
     const double tops = argc > 3 ? atof(argv[3]) : 1.87;
@@ -24,6 +58,12 @@ int main(int argc, char **argv) {
     if (be == NULL) {
         fprintf(stderr, "bench_ops: %s\n", err.msg);
         return 1;
+    }
+    if (attn) {
+        printf("cpu backend, %d threads: attention, 16 heads, 8 kv heads, dim 128, F16 cache, causal\n", nt);
+        const int rc = bench_attention(be, argc > 3 ? atoll(argv[2]) : 0, argc > 3 ? atoll(argv[3]) : 0);
+        backend_free(be);
+        return rc;
     }
     backend_caps caps = backend_get_caps(be);
     printf("cpu backend, %d threads, features 0x%x; limits: memory %.1f GB/s, int8 %.2f TOPS\n", nt, caps.cpu_features,

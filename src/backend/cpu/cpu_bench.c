@@ -1,4 +1,4 @@
-/* cpu_bench.c: the matmul micro-benchmark (see cpu_bench.h): random weights of any matmul type,
+/* cpu_bench.c: the matmul and attention micro-benchmarks (see cpu_bench.h): random weights of any matmul type,
  * optional cycling through copies bigger than the caches, median of n_iter timed runs. */
 #include "backend/cpu/cpu_bench.h"
 #include "base/error.h"
@@ -120,5 +120,65 @@ dfl_status backend_bench_matmul(backend *be, uint32_t wtype, int64_t n_in, int64
     backend_queue_free(q);
     free(w); free(tw); free(t);
     backend_buffer_free(xy);
+    return DFL_OK;
+}
+
+dfl_status backend_bench_attention(backend *be, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_q,
+                                   int64_t n_kv, int n_iter, backend_bench_result *res, dfl_error *err) {
+    memset(res, 0, sizeof(*res));
+    if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 || head_dim <= 0 || n_q <= 0 || n_kv < n_q ||
+        n_iter <= 0) {
+        return error_set(err, DFL_ERR_INVALID, "bench attention: bad arguments (%lld heads, %lld kv heads, dim %lld, "
+                         "%lld queries, %lld cells)", (long long)n_head, (long long)n_head_kv, (long long)head_dim,
+                         (long long)n_q, (long long)n_kv);
+    }
+    /* q [head_dim, n_head, n_q] f32 | k, v [head_dim, n_head_kv, n_kv] f16 | out [head_dim, n_head, n_q] f32 */
+    const size_t q_bytes = ((size_t)(head_dim * n_head * n_q) * sizeof(float) + 63) & ~(size_t)63;
+    const size_t kv_bytes = ((size_t)(head_dim * n_head_kv * n_kv) * sizeof(uint16_t) + 63) & ~(size_t)63;
+    backend_buffer *buf = backend_buffer_alloc(be, 2 * q_bytes + 2 * kv_bytes, err);
+    double *t = malloc((size_t)n_iter * sizeof(double));
+    backend_queue *q = backend_queue_new(be, err);
+    if (buf == NULL || t == NULL || q == NULL) {
+        if (buf != NULL) backend_buffer_free(buf);
+        free(t);
+        backend_queue_free(q);
+        return error_set(err, DFL_ERR_NOMEM, "bench attention: out of memory (%zu bytes)", 2 * q_bytes + 2 * kv_bytes);
+    }
+    char *base = backend_buffer_base(buf);
+    float *qd = (float *)base;
+    uint16_t *kd = (uint16_t *)(base + q_bytes), *vd = (uint16_t *)(base + q_bytes + kv_bytes);
+    float *od = (float *)(base + q_bytes + 2 * kv_bytes);
+    uint64_t s = 99;
+    for (int64_t i = 0; i < head_dim * n_head * n_q; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        qd[i] = (float)((int64_t)(s >> 40) % 2001 - 1000) * 0.001f;
+    }
+    for (int64_t i = 0; i < head_dim * n_head_kv * n_kv; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        kd[i] = fp32_to_fp16((float)((int64_t)(s >> 40) % 2001 - 1000) * 0.001f);
+        vd[i] = fp32_to_fp16((float)((int64_t)(s >> 20) % 2001 - 1000) * 0.001f);
+    }
+    const tensor tq = tensor_3d(QUANT_TYPE_F32, qd, head_dim, n_head, n_q);
+    const tensor tk = tensor_3d(QUANT_TYPE_F16, kd, head_dim, n_head_kv, n_kv);
+    const tensor tv = tensor_3d(QUANT_TYPE_F16, vd, head_dim, n_head_kv, n_kv);
+    const tensor to = tensor_3d(QUANT_TYPE_F32, od, head_dim, n_head, n_q);
+    for (int it = -2; it < n_iter; it++) {
+        const double t0 = now_ms();
+        op_attention_structured(q, to, tq, tk, tv, BACKEND_ATTN_CAUSAL, 0.0f);
+        backend_queue_synchronize(q);
+        if (it >= 0) t[it] = now_ms() - t0;
+    }
+    qsort(t, (size_t)n_iter, sizeof(double), cmp_double);
+    res->ms = t[n_iter / 2];
+    res->ms_min = t[0];
+    res->w_bytes = 2 * (size_t)(head_dim * n_head_kv * n_kv) * sizeof(uint16_t);
+    res->gbps = (double)res->w_bytes / (res->ms * 1e-3) * 1e-9;
+    /* causal: query row iq sees n_kv - n_q + iq + 1 cells; 2 flops per multiply-add, Q K^T and P V */
+    const double cells = (double)n_q * (double)(n_kv - n_q) + (double)n_q * (double)(n_q + 1) / 2.0;
+    res->gops = 4.0 * (double)head_dim * (double)n_head * cells / (res->ms * 1e-3) * 1e-9;
+    res->n_copies = 1;
+    backend_queue_free(q);
+    free(t);
+    backend_buffer_free(buf);
     return DFL_OK;
 }

@@ -530,9 +530,15 @@ T512 static void softmax_row_512(float *p, const float *s, int64_t n) {
 /* ---- attention: P V over f16 value rows ------------------------------------------------------ */
 
 /* out[r] (+0 .. 63 of chunk i0) = sum over j ascending of p[r][j] * v_j, NR query rows at once:
- * each value vector is converted once for NR rows. */
+ * each value vector is converted once for NR rows. MASK: a key whose p is 0 is skipped (its value
+ * may be inf or NaN: a masked cell); without MASK (every value finite) it is added as 0 * v = +-0,
+ * which leaves the sum as skipping it would: x + (+-0) = x for x != 0 and +0 + (+-0) = +0 (the sum
+ * starts at +0; only a sum that underflowed to -0 would turn +0, a value equal to it).
+ * The value rows are prefetched 16 keys ahead: they lie n_head_kv * head_dim * 2 bytes apart (one
+ * row of the cache per key), a stride the hardware prefetchers follow poorly across pages (16 rows
+ * x 4097 cells: 4.7 -> 2.7 ms on Zen 5). */
 T512 INL void pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, const int NR, const void *v, size_t v_nb,
-                      int64_t n_kv, int64_t i0, int64_t hd) {
+                      int64_t n_kv, int64_t i0, int64_t hd, const bool MASK) {
     __mmask16 m[4];
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
@@ -547,6 +553,8 @@ T512 INL void pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, cons
     }
     for (int64_t j = 0; j < n_kv; j++) {
         const uint16_t *vr = (const uint16_t *)((const char *)v + (size_t)j * v_nb) + i0;
+        _mm_prefetch((const char *)vr + 16 * v_nb, _MM_HINT_T0);
+        if (hd - i0 > 32) _mm_prefetch((const char *)vr + 16 * v_nb + 64, _MM_HINT_T0);
         __m512 vv[4];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) vv[c] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[c], vr + 16 * c));
@@ -554,10 +562,15 @@ T512 INL void pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, cons
         for (int r = 0; r < NR; r++) {
             const float pr = p[r * ldp + j];
             const __m512 pb = _mm512_set1_ps(pr);
-            /* a masked key (p = 0) adds nothing, even where its value is inf */
-            const __mmask16 nz = pr != 0.0f ? (__mmask16)0xffff : (__mmask16)0;
+            if (MASK) {
+                /* a masked key (p = 0) adds nothing, even where its value is inf */
+                const __mmask16 nz = pr != 0.0f ? (__mmask16)0xffff : (__mmask16)0;
 #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[r][c], nz);
+                for (int c = 0; c < 4; c++) acc[r][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[r][c], nz);
+            } else {
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
+            }
         }
     }
 #pragma GCC unroll 6
@@ -567,24 +580,52 @@ T512 INL void pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, cons
     }
 }
 
+/* Whether the first n f16 values of each of n_rows rows (nb bytes apart) are all finite (an f16 is
+ * inf or NaN when its exponent bits are all set). */
+T512 static bool f16_rows_finite_512(const void *v, size_t nb, int64_t n_rows, int64_t n) {
+    const __m512i em = _mm512_set1_epi16(0x7c00);
+    __mmask32 bad = 0;
+    for (int64_t j = 0; j < n_rows; j++) {
+        const uint16_t *r = (const uint16_t *)((const char *)v + (size_t)j * nb);
+        for (int64_t i = 0; i < n; i += 32) {
+            const __mmask32 mk = n - i >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (n - i)) - 1);
+            const __m512i x = _mm512_maskz_loadu_epi16(mk, r + i);
+            bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(x, em), em);
+        }
+    }
+    return bad == 0;
+}
+
+#define PV_TILE_SWITCH(MASK)                                                                    \
+    switch (nr) {                                                                               \
+    case 1: pv_tile(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, hd, MASK); break;                   \
+    case 2: pv_tile(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, hd, MASK); break;                   \
+    case 3: pv_tile(o, ldo, pr, ldp, 3, v, v_nb, n_kv, i0, hd, MASK); break;                   \
+    case 4: pv_tile(o, ldo, pr, ldp, 4, v, v_nb, n_kv, i0, hd, MASK); break;                   \
+    case 5: pv_tile(o, ldo, pr, ldp, 5, v, v_nb, n_kv, i0, hd, MASK); break;                   \
+    default: pv_tile(o, ldo, pr, ldp, 6, v, v_nb, n_kv, i0, hd, MASK); break;                  \
+    }
+
+/* The value rows are checked once: all finite (the cache as the model writes it) takes the tiles
+ * without the per-key zero test (with the value prefetch, 8-10% less attention time at 16-128 rows
+ * over ~1000 cells on Zen 5; the check itself pays the value loads' latency, so it saves less). */
 T512 static void attn_pv_f16_512(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
                                  size_t v_nb, int64_t n_kv, int64_t hd) {
+    const bool finite = f16_rows_finite_512(v, v_nb, n_kv, hd);
     for (int64_t i0 = 0; i0 < hd; i0 += 64) {
         for (int64_t r0 = 0; r0 < nq; r0 += 6) {
             const int nr = nq - r0 >= 6 ? 6 : (int)(nq - r0);
             float *o = out + r0 * ldo;
             const float *pr = p + r0 * ldp;
-            switch (nr) {
-            case 1: pv_tile(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, hd); break;
-            case 2: pv_tile(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, hd); break;
-            case 3: pv_tile(o, ldo, pr, ldp, 3, v, v_nb, n_kv, i0, hd); break;
-            case 4: pv_tile(o, ldo, pr, ldp, 4, v, v_nb, n_kv, i0, hd); break;
-            case 5: pv_tile(o, ldo, pr, ldp, 5, v, v_nb, n_kv, i0, hd); break;
-            default: pv_tile(o, ldo, pr, ldp, 6, v, v_nb, n_kv, i0, hd); break;
+            if (finite) {
+                PV_TILE_SWITCH(false)
+            } else {
+                PV_TILE_SWITCH(true)
             }
         }
     }
 }
+#undef PV_TILE_SWITCH
 
 /* ---- light-op rows --------------------------------------------------------------------------- */
 

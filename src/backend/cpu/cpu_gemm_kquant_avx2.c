@@ -373,6 +373,7 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
                     const __m256i ph = _mm256_maddubs_epi16(hi, bcast32_2(xr + 32));
                     s16[0][r] = kk == 0 ? pl : _mm256_add_epi16(s16[0][r], pl);
                     s16[1][r] = kk == 0 ? ph : _mm256_add_epi16(s16[1][r], ph);
+                    __asm__("" : "+x"(s16[0][r]), "+x"(s16[1][r])); /* a chain, not a tree */
                 }
             }
 #pragma GCC unroll 2

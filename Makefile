@@ -169,7 +169,7 @@ check: deps
 	$(MAKE) -j$(JOBS) asan
 	$(MAKE) -j$(JOBS) tsan T="$(TSAN_TESTS)"
 run: deps
-	$(MAKE) all
+	$(MAKE) -j$(JOBS) all
 	./$(BUILD)/dflash generate -n 96 -p 'def read_config(path):'
 	./$(BUILD)/dflash generate -n 64 -p 'And the LORD spake unto Moses, saying,'
 

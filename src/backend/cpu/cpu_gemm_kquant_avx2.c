@@ -314,11 +314,11 @@ T2 INL void kq2_rows(const kq2_dec *D, const int Q6, const cpu_act *act, int64_t
  * through L1; which path runs: KQ2_FUSED_Q6). The int32 sums S and M are the exact integers
  * kq2_rows forms, so the bits are the same. */
 T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act *act, int64_t sb, int64_t r0,
-                           const int NT, float *acc, const char *pf, int L) {
-    /* pf: the same record of the next group (L lines), or NULL (a later row tile: already
-     * prefetched); half h prefetches its lines [h L/2, (h+1) L/2), one per main-loop iteration
-     * (32 of them), so that memory streams during both halves */
-    const int Lh = (L + 1) / 2, lend = pf == NULL ? 0 : L < (h + 1) * Lh ? L : (h + 1) * Lh;
+                           const int NT, float *acc, const int PF, const char *pf, int L) {
+    /* PF (a constant): pf is the same record of the next group (L lines), which half h prefetches,
+     * its lines [h L/2, (h+1) L/2), one per main-loop iteration (32 of them), so that memory
+     * streams during both halves; else (a later row tile: already prefetched) no prefetch code */
+    const int Lh = (L + 1) / 2, lend = !PF ? 0 : L < (h + 1) * Lh ? L : (h + 1) * Lh;
     const int8_t *x0 = act->qs + r0 * act->n_in + sb * QK_K; /* row r at + r * n_in */
     const int64_t n = act->n_in;
     __m256i S[KQ2_NT], M[KQ2_NT];
@@ -339,7 +339,7 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
             for (int t = 0; t < 2; t++) { /* value vectors v0 = 4 j + 2 t and v0 + 1 */
                 const int v0 = 4 * j + 2 * t;
                 const int li = 2 * j + t + h * Lh;
-                if (li < lend) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
+                if (PF && li < lend) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
 #pragma GCC unroll 4
                 for (int r = 0; r < NT; r++) {
                     const int8_t *xr = x0 + r * n + 4 * v0;
@@ -364,7 +364,7 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
             for (int kk = 0; kk < 8; kk++) {
                 const __m256i c = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_QS + 64 * (8 * c2 + kk) + 32 * h));
                 const int li = 8 * c2 + kk + h * Lh;
-                if (li < lend) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
+                if (PF && li < lend) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
                 const __m256i lo = _mm256_and_si256(c, low), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), low);
 #pragma GCC unroll 4
                 for (int r = 0; r < NT; r++) {
@@ -447,13 +447,23 @@ T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const int X16,
                         for (int64_t rt = 0; rt < nrc; rt += KQ2_NT) {
                             const int nt = nrc - rt >= KQ2_NT ? KQ2_NT : (int)(nrc - rt);
                             float *a = acc + 8 * rt;
-                            const char *tpf = rt == 0 ? pf : NULL; /* the first tile prefetches */
-                            switch (nt) {
-                            case 1: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 1, a, tpf, L); break;
-                            case 2: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 2, a, tpf, L); break;
-                            case 3: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 3, a, tpf, L); break;
-                            default: kq2_fused_rows(R, Q6, half, act, sb, rc + rt, 4, a, tpf, L); break;
+#define FUSED(N, PF) kq2_fused_rows(R, Q6, half, act, sb, rc + rt, N, a, PF, pf, L)
+                            if (rt == 0) { /* the first tile prefetches */
+                                switch (nt) {
+                                case 1: FUSED(1, 1); break;
+                                case 2: FUSED(2, 1); break;
+                                case 3: FUSED(3, 1); break;
+                                default: FUSED(4, 1); break;
+                                }
+                            } else {
+                                switch (nt) {
+                                case 1: FUSED(1, 0); break;
+                                case 2: FUSED(2, 0); break;
+                                case 3: FUSED(3, 0); break;
+                                default: FUSED(4, 0); break;
+                                }
                             }
+#undef FUSED
                         }
                         continue;
                     }

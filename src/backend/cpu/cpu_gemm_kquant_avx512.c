@@ -10,9 +10,9 @@
  * two-rows-per-vector kernel needed a vpdpwssd per vpdpbusd). Register tiles of up to 8 activation
  * rows share each weight vector. The Q4_K mins and the Q6_K -32 offset come from the Q8_K sums of
  * 16 (vpdpwssd with int16 pairs per lane).
- * Packed (KQ_X16) sweeps of few rows (a call's rows go in sweeps of up to KQ_RCHUNK; sweeps of
- * Q4_K <= 8, Q6_K <= 2 rows: KQ_FUSED_Q4 / KQ_FUSED_Q6) skip the buffer: kq_fused_rows decodes
- * the record in registers per tile of up to 4 rows and multiplies at once. Zen 5, one thread,
+ * Packed (KQ_X16) sweeps (a call's rows go in sweeps of up to KQ_RCHUNK) of Q4_K, and of Q6_K
+ * with <= 2 rows (KQ_FUSED_Q4 / KQ_FUSED_Q6), skip the buffer: kq_fused_rows decodes the record
+ * in registers per tile of up to 8 (Q4_K) or 4 (Q6_K) rows and multiplies at once. Zen 5, one thread,
  * [1024 x 3072] from cache, best of 3 x 300 alternated: Q4_K 1 row 0.046
  * -> 0.034 ms, 4 rows 0.073 -> 0.055, 8 rows 0.112 -> 0.101; Q6_K 1 row 0.065 -> 0.049, 2 rows
  * 0.075 -> 0.072, 4 rows 0.090 -> 0.097 (so the buffer from 3 rows). The Q4_K_M 0.6B model's
@@ -36,16 +36,29 @@
 #define KQ_W 16       /* weight rows per group (one per 32-bit lane) */
 #define KQ_NT 8       /* activation rows per register tile */
 #define KQ_RCHUNK 64  /* activation rows per sweep (their Q8_K rows, sums and the decoded weights fit L1) */
-#define KQ_FT 4       /* activation rows per register tile of the fused path (kq_fused_rows) */
+/* activation rows per register tile of the fused path (kq_fused_rows), at most 8 */
+#ifndef KQ_FT_Q4
+#define KQ_FT_Q4 8 /* Q4_K: 2 NT + NT + 4 live vectors */
+#endif
+#ifndef KQ_FT_Q6
+#define KQ_FT_Q6 4
+#endif
+#define KQ_FT_MAX 8
 /* Packed records are prefetched this many super-blocks ahead (Zen 5, cold [1024 x 131072] Q4_K
  * and the Q6_K head: 2, 4 and 8 within the VM's noise at 1, 4 and 16 rows). */
 #ifndef KQ_PF_AHEAD
 #define KQ_PF_AHEAD 2
 #endif
 /* Packed sweeps (the rows of one KQ_RCHUNK chunk of a call) of at most this many rows take the
- * fused path (Q4_K, Q6_K). */
+ * fused path (Q4_K: all of them; Q6_K, whose fused 6-bit assembly costs more than the buffer's
+ * round trip from 3 rows on). Zen 5, 2 threads, Q4_K [1024 x 3072] from cache, GOP/s at the best
+ * of 1000 runs, buffer for 9+ rows (KQ_FUSED_Q4 8, 4-row fused tiles) -> fused 8-row tiles for
+ * all, two alternated rounds: 8 rows 867/928 -> 1016/939, 16 rows 861/888 -> 1070/992, 32 rows
+ * 995/1000 -> 1063/988, 128 rows 978/1047 -> 1054/987; [3072 x 1024] 16 rows 917/897 ->
+ * 1112/1056, 64 rows 1068/1058 -> 1142/1064. Q6_K in 8-row fused tiles for all sweeps: 16 rows
+ * 845/800 -> 525/512. */
 #ifndef KQ_FUSED_Q4
-#define KQ_FUSED_Q4 8
+#define KQ_FUSED_Q4 KQ_RCHUNK
 #endif
 #ifndef KQ_FUSED_Q6
 #define KQ_FUSED_Q6 2
@@ -340,7 +353,7 @@ T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t
     kq_acc_rows(S, M, D->d, D->dmin, Q6, act, sb, r0, NT, acc);
 }
 
-/* The fused path for packed weights (KQ_X16 records, NT <= KQ_FT activation rows): the record is
+/* The fused path for packed weights (KQ_X16 records, NT <= KQ_FT_MAX activation rows): the record is
  * decoded in registers and multiplied at once, with no kq_dec round trip through L1 (64 stores
  * and loads per super-block, which bound the one-row kernel below the memory's rate). The int32
  * sums S and M are the exact integers kq_rows forms and the f32 steps are the same, so the bits
@@ -350,11 +363,11 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
                             float *acc, const char *pf, int npf) {
     const int64_t n = act->n_in;
     const int8_t *x0 = act->qs + r0 * n + sb * QK_K; /* row r at + r * n */
-    const int16_t *bs[KQ_FT];
-#pragma GCC unroll 4
+    const int16_t *bs[KQ_FT_MAX];
+#pragma GCC unroll 8
     for (int r = 0; r < NT; r++) bs[r] = act->bsums + (r0 + r) * (n / 16) + sb * 16;
-    __m512i S[KQ_FT], M[KQ_FT];
-#pragma GCC unroll 4
+    __m512i S[KQ_FT_MAX], M[KQ_FT_MAX];
+#pragma GCC unroll 8
     for (int r = 0; r < NT; r++) S[r] = M[r] = _mm512_setzero_si512();
     __m512 d, dmin = _mm512_setzero_ps();
     if (Q6) {
@@ -367,19 +380,19 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
                 else _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
             }
             const int nn = j / 8, s = (j / 2) % 4; /* as q6K_assemble: v = 32 nn + 8 s + ll */
-            __m512i dot[KQ_FT];
-#pragma GCC unroll 4
+            __m512i dot[KQ_FT_MAX];
+#pragma GCC unroll 8
             for (int r = 0; r < NT; r++) dot[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
                 const int ll = 4 * (j % 2) + t;
                 const __m512i lv = _mm512_load_si512(ql + 16 * nn + 8 * (s & 1) + ll);
                 const __m512i wv = q6K_vec(lv, _mm512_load_si512(qh + 8 * nn + ll), s);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int r = 0; r < NT; r++) dot[r] = _mm512_dpbusd_epi32(dot[r], wv, bcast32(x0 + r * n + 16 * j + 4 * t));
             }
             const __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * j)));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < NT; r++) S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot[r], sc));
         }
 #pragma GCC unroll 1
@@ -387,7 +400,7 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
             const __m512i mp =
                 q6K_offset_pair(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q)))),
                                 _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q + 1)))));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < NT; r++) S[r] = _mm512_dpwssd_epi32(S[r], mp, bcast32(bs[r] + 2 * q));
         }
     } else {
@@ -397,8 +410,8 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
         const __m512i low = _mm512_set1_epi8(0x0f);
 #pragma GCC unroll 1
         for (int c2 = 0; c2 < 4; c2++) { /* qs dwords 8 c2 + kk: values 64 c2 + 4 kk (low nibbles), + 32 (high) */
-            __m512i dl[KQ_FT], dh[KQ_FT];
-#pragma GCC unroll 4
+            __m512i dl[KQ_FT_MAX], dh[KQ_FT_MAX];
+#pragma GCC unroll 8
             for (int r = 0; r < NT; r++) dl[r] = dh[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
             for (int kk = 0; kk < 8; kk++) {
@@ -409,7 +422,7 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
                 }
                 const __m512i c = _mm512_load_si512(R + CPU_KQ_X16_QS + 64 * l);
                 const __m512i lo = _mm512_and_si512(c, low), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int r = 0; r < NT; r++) {
                     const int8_t *xr = x0 + r * n + 64 * c2 + 4 * kk;
                     dl[r] = _mm512_dpbusd_epi32(dl[r], lo, bcast32(xr));
@@ -419,7 +432,7 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
             const __m512i sl = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_SC + 16 * (2 * c2))));
             const __m512i sh =
                 _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_SC + 16 * (2 * c2 + 1))));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < NT; r++) {
                 S[r] = _mm512_add_epi32(S[r], _mm512_add_epi32(_mm512_mullo_epi32(dl[r], sl), _mm512_mullo_epi32(dh[r], sh)));
             }
@@ -428,7 +441,7 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
         for (int q = 0; q < 8; q++) { /* m_q (bs_2q + bs_2q+1) */
             const __m512i m = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * q)));
             const __m512i mp = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < NT; r++) M[r] = _mm512_dpwssd_epi32(M[r], mp, bcast32(bs[r] + 2 * q));
         }
     }
@@ -461,16 +474,21 @@ T512 INL void mm_kq_512(const void *w, size_t w_nb1, const int Q6, const int X16
                 const int n_pf = X16 ? (int)(rec / 64) : 0, n_tiles = (int)((nrc + KQ_NT - 1) / KQ_NT);
                 if (X16 && nrc <= (Q6 ? KQ_FUSED_Q6 : KQ_FUSED_Q4)) { /* decode in registers, per row tile */
                     const uint8_t *R = grp + (size_t)sb * rec;
-                    const int nft = (int)((nrc + KQ_FT - 1) / KQ_FT);
-                    for (int64_t rt = 0; rt < nrc; rt += KQ_FT) {
-                        const int nt = nrc - rt >= KQ_FT ? KQ_FT : (int)(nrc - rt);
+                    const int ft = Q6 ? KQ_FT_Q6 : KQ_FT_Q4, nft = (int)((nrc + ft - 1) / ft);
+                    for (int64_t rt = 0; rt < nrc; rt += ft) {
+                        const int nt = nrc - rt >= ft ? ft : (int)(nrc - rt);
                         float *a = acc + 16 * rt;
-                        const int t = (int)(rt / KQ_FT), l0 = n_pf * t / nft, np = n_pf * (t + 1) / nft - l0;
+                        const int t = (int)(rt / ft), l0 = n_pf * t / nft, np = n_pf * (t + 1) / nft - l0;
+                        const char *p0 = pf + 64 * l0;
                         switch (nt) {
-                        case 1: kq_fused_rows(R, Q6, act, sb, rc + rt, 1, a, pf + 64 * l0, np); break;
-                        case 2: kq_fused_rows(R, Q6, act, sb, rc + rt, 2, a, pf + 64 * l0, np); break;
-                        case 3: kq_fused_rows(R, Q6, act, sb, rc + rt, 3, a, pf + 64 * l0, np); break;
-                        default: kq_fused_rows(R, Q6, act, sb, rc + rt, 4, a, pf + 64 * l0, np); break;
+                        case 1: kq_fused_rows(R, Q6, act, sb, rc + rt, 1, a, p0, np); break;
+                        case 2: kq_fused_rows(R, Q6, act, sb, rc + rt, 2, a, p0, np); break;
+                        case 3: kq_fused_rows(R, Q6, act, sb, rc + rt, 3, a, p0, np); break;
+                        case 4: kq_fused_rows(R, Q6, act, sb, rc + rt, 4, a, p0, np); break;
+                        case 5: kq_fused_rows(R, Q6, act, sb, rc + rt, 5, a, p0, np); break;
+                        case 6: kq_fused_rows(R, Q6, act, sb, rc + rt, 6, a, p0, np); break;
+                        case 7: kq_fused_rows(R, Q6, act, sb, rc + rt, 7, a, p0, np); break;
+                        default: kq_fused_rows(R, Q6, act, sb, rc + rt, 8, a, p0, np); break;
                         }
                     }
                     continue;

@@ -287,6 +287,15 @@ TEST(gemm_q8_K_quantizer_nonfinite_and_tiny) {
         CHECK_MSG(memcmp(a.d, a_ref.d, sizeof(float) * 3 * ROWS) == 0, "%s: d differ from the reference", lvl);
         CHECK_MSG(memcmp(a.bsums, a_ref.bsums, sizeof(int16_t) * (size_t)(N_IN / 16 * ROWS)) == 0,
                   "%s: sums differ from the reference", lvl);
+        int bad32 = 0; /* the sums of 32 (the AVX-512 Q4_K mins): each the sum of its 32 q */
+        for (int i = 0; i < ROWS; i++) {
+            for (int j = 0; j < N_IN / 32; j++) {
+                int sum = 0;
+                for (int l = 0; l < 32; l++) sum += a.qs[i * N_IN + 32 * j + l];
+                bad32 += a.bsums32[i * (N_IN / 32) + j] != sum;
+            }
+        }
+        CHECK_MSG(bad32 == 0, "%s: %d sums of 32 differ from their q", lvl, bad32);
         float y[ROWS][N_OUT];
         k.matmul[QUANT_TYPE_Q4_K](w, wrow, &a, 0, ROWS, &y[0][0], N_OUT, 0, N_OUT);
         for (int i = 0; i < ROWS; i++)

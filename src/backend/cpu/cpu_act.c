@@ -7,7 +7,8 @@
  *   with amax < CPU_Q8_0_AMAX_MIN gets q = 0 (its f16 d is 0 anyway; 127 / amax would overflow).
  * - Q8_K (for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights): per 256 values max = the value of largest magnitude (first),
  *   iscale = -127 / max, q = min(127, nearest_int(iscale * x)), d = 1 / iscale (f32), and the sums
- *   of each 16 q (ggml's quantize_row_q8_K_ref, which x86 uses).
+ *   of each 16 q (ggml's quantize_row_q8_K_ref, which x86 uses), then of each 32 (pairs of those;
+ *   cpu_act_q8_K_sums32, the last step of every Q8_K producer).
  * - f16 / bf16 (for F16 / BF16 weights): x rounded to the type (nearest even), kept as f32. */
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
@@ -46,7 +47,8 @@ size_t cpu_act_bytes(cpu_dot_type dot, int64_t n_in, int64_t n_rows) {
         return align64(np) + 2 * align64(np / QK8_0 * sizeof(float));
     }
     case CPU_DOT_Q8_K:
-        return align64(n) + align64(n / QK_K * sizeof(float)) + align64(n / 16 * sizeof(int16_t));
+        return align64(n) + align64(n / QK_K * sizeof(float)) + align64(n / 16 * sizeof(int16_t)) +
+               align64(n / 32 * sizeof(int16_t));
     }
     return 0;
 }
@@ -75,6 +77,7 @@ void cpu_act_layout(cpu_act *act, cpu_dot_type dot, int64_t n_in, int64_t n_rows
         act->qs = (int8_t *)p;
         act->d = (float *)(p + align64(n));
         act->bsums = (int16_t *)(p + align64(n) + align64(n / QK_K * sizeof(float)));
+        act->bsums32 = (int16_t *)((char *)act->bsums + align64(n / 16 * sizeof(int16_t)));
         break;
     }
 }
@@ -171,6 +174,13 @@ void cpu_act_row_q8_K_ref(cpu_act *act, int64_t r, const float *x) {
         }
         d[b] = 1.0f / iscale;
     }
+    cpu_act_q8_K_sums32(act, r);
+}
+
+void cpu_act_q8_K_sums32(cpu_act *act, int64_t r) {
+    const int16_t *bs = act->bsums + r * (act->n_in / 16);
+    int16_t *b32 = act->bsums32 + r * (act->n_in / 32);
+    for (int64_t j = 0; j < act->n_in / 32; j++) b32[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]); /* |sum| <= 32 * 127 */
 }
 
 static void act_row_f32_copy(cpu_act *act, int64_t r, const float *x) {

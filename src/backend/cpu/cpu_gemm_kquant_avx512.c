@@ -9,7 +9,7 @@
  * the lane's scale, so the integer work is about one vpdpbusd per 64 multiply-adds (the former
  * two-rows-per-vector kernel needed a vpdpwssd per vpdpbusd). Register tiles of up to 8 activation
  * rows share each weight vector. The Q4_K mins and the Q6_K -32 offset come from the Q8_K sums of
- * 16 (vpdpwssd with int16 pairs per lane).
+ * 16 (vpdpwssd with int16 pairs per lane); in the fused Q4_K path from the sums of 32.
  * Packed (KQ_X16) sweeps (a call's rows go in sweeps of up to KQ_RCHUNK) of Q4_K, and of Q6_K
  * with <= 2 rows (KQ_FUSED_Q4 / KQ_FUSED_Q6), skip the buffer: kq_fused_rows decodes the record
  * in registers per tile of up to 8 (Q4_K) or 4 (Q6_K) rows and multiplies at once. Zen 5, one thread,
@@ -437,12 +437,18 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
                 S[r] = _mm512_add_epi32(S[r], _mm512_add_epi32(_mm512_mullo_epi32(dl[r], sl), _mm512_mullo_epi32(dh[r], sh)));
             }
         }
+        /* M = sum_q m_q bs32_q: int16 pairs (m_2p, m_2p+1) against the sums of 32 (bs32_2p,
+         * bs32_2p+1), 4 vpdpwssd per row instead of 8 against the sums of 16 (a broken build
+         * without the mins bounded what they cost at 15-20% of the kernel) */
+        const int16_t *b32 = act->bsums32 + r0 * (n / 32) + sb * 8; /* row r at + r * (n / 32) */
 #pragma GCC unroll 1
-        for (int q = 0; q < 8; q++) { /* m_q (bs_2q + bs_2q+1) */
-            const __m512i m = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * q)));
-            const __m512i mp = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+        for (int q2 = 0; q2 < 4; q2++) {
+            const __m512i ma = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * (2 * q2))));
+            const __m512i mb =
+                _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * (2 * q2 + 1))));
+            const __m512i mp = _mm512_or_si512(ma, _mm512_slli_epi32(mb, 16));
 #pragma GCC unroll 8
-            for (int r = 0; r < NT; r++) M[r] = _mm512_dpwssd_epi32(M[r], mp, bcast32(bs[r] + 2 * q));
+            for (int r = 0; r < NT; r++) M[r] = _mm512_dpwssd_epi32(M[r], mp, bcast32(b32 + r * (n / 32) + 2 * q2));
         }
     }
     kq_acc_rows(S, M, d, dmin, Q6, act, sb, r0, NT, acc);

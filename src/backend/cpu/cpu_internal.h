@@ -42,7 +42,7 @@ static inline int64_t cpu_q8_0_offset(int64_t i) {
 
 /* Activation rows [n_in, n_rows] prepared for one matmul. Per-row lengths:
  * f [n_in]; Q8_0: qs [row_len] (transposed, padded), d [row_len / 32], ns [row_len / 32];
- * Q8_K: qs [n_in] (plain order), d [n_in / 256], bsums [n_in / 16]. */
+ * Q8_K: qs [n_in] (plain order), d [n_in / 256], bsums [n_in / 16], bsums32 [n_in / 32]. */
 typedef struct cpu_act {
     cpu_dot_type dot;
     int64_t n_in;
@@ -53,6 +53,7 @@ typedef struct cpu_act {
     float *d;         /* [n_rows][row_len / block] CPU_DOT_Q8_0 (block 32), CPU_DOT_Q8_K (block 256) */
     int32_t *ns;      /* [n_rows][row_len / 32]    CPU_DOT_Q8_0: minus the sum of each block's q */
     int16_t *bsums;   /* [n_rows][n_in / 16]       CPU_DOT_Q8_K */
+    int16_t *bsums32; /* [n_rows][n_in / 32]       CPU_DOT_Q8_K: bsums[2j] + bsums[2j+1] (a sub-block of 32) */
 } cpu_act;
 
 /* The dot type a weight type is multiplied with. */
@@ -67,6 +68,8 @@ void cpu_act_row_f16_ref(cpu_act *act, int64_t r, const float *x);  /* f16-round
 void cpu_act_row_bf16_ref(cpu_act *act, int64_t r, const float *x); /* bf16-rounded f32 */
 void cpu_act_row_q8_0_ref(cpu_act *act, int64_t r, const float *x);
 void cpu_act_row_q8_K_ref(cpu_act *act, int64_t r, const float *x);
+/* Row r's bsums32 from its bsums (the last step of every Q8_K row producer). */
+void cpu_act_q8_K_sums32(cpu_act *act, int64_t r);
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 

@@ -180,6 +180,7 @@ T2 static void act_row_q8_K_avx2(cpu_act *act, int64_t r, const float *x) {
         }
         d[b] = 1.0f / iscale;
     }
+    cpu_act_q8_K_sums32(act, r);
 }
 
 /* ---- Q8_0 / Q4_0 ---------------------------------------------------------------------------- */

@@ -149,6 +149,7 @@ T512 static void act_row_q8_K_512(cpu_act *act, int64_t r, const float *x) {
         }
         d[b] = 1.0f / iscale;
     }
+    cpu_act_q8_K_sums32(act, r);
 }
 
 /* ---- horizontal sums, identical bits for a row whatever the tile size ------------------------ */

@@ -386,21 +386,27 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
             }
         }
     }
-    /* mins (Q4_K: m_q (bs_2q + bs_2q+1)) or the -32 offset (Q6_K: -32 sc (bs_2q, bs_2q+1)) */
+    /* mins (Q4_K: m_2p bs32_2p + m_2p+1 bs32_2p+1, against the sums of 32: 4 madd per row instead
+     * of 8) or the -32 offset (Q6_K: -32 sc (bs_2q, bs_2q+1)) */
+    const int nq = Q6 ? 8 : 4;
 #pragma GCC unroll 1
-    for (int q = 0; q < 8; q++) {
+    for (int q = 0; q < nq; q++) {
         __m256i mp;
+        const int16_t *bsq; /* the activation pair of row r at + r * (Q6 ? n / 16 : n / 32) */
         if (Q6) { /* (sc_2q, sc_2q+1) int16 pairs per lane; the product times -32 below */
             const __m128i a8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q) + 8 * h));
             const __m128i b8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q + 1) + 8 * h));
             mp = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a8, b8));
-        } else { /* (m_q, m_q) pairs */
-            const __m128i m8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * q + 8 * h));
-            mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+            bsq = act->bsums + r0 * (n / 16) + sb * 16 + 2 * q;
+        } else { /* (m_2q, m_2q+1) pairs */
+            const __m128i a8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * (2 * q) + 8 * h));
+            const __m128i b8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * (2 * q + 1) + 8 * h));
+            mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a8, b8));
+            bsq = act->bsums32 + r0 * (n / 32) + sb * 8 + 2 * q;
         }
 #pragma GCC unroll 4
         for (int r = 0; r < NT; r++) {
-            const __m256i t = _mm256_madd_epi16(mp, bcast32_2(act->bsums + (r0 + r) * (n / 16) + sb * 16 + 2 * q));
+            const __m256i t = _mm256_madd_epi16(mp, bcast32_2(bsq + r * (Q6 ? n / 16 : n / 32)));
             if (Q6) {
                 S[r] = _mm256_sub_epi32(S[r], _mm256_slli_epi32(t, 5)); /* -32 sc (bs_2q, bs_2q+1) */
             } else {

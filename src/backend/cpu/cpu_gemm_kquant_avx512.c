@@ -44,6 +44,9 @@
 #define KQ_FT_Q6 4
 #endif
 #define KQ_FT_MAX 8
+#if KQ_FT_Q4 < 1 || KQ_FT_Q4 > KQ_FT_MAX || KQ_FT_Q6 < 1 || KQ_FT_Q6 > KQ_FT_MAX
+#error "KQ_FT_Q4 / KQ_FT_Q6 must be 1 .. KQ_FT_MAX (the register tiles' arrays)"
+#endif
 /* Packed records are prefetched this many super-blocks ahead (Zen 5, cold [1024 x 131072] Q4_K
  * and the Q6_K head: 2, 4 and 8 within the VM's noise at 1, 4 and 16 rows). */
 #ifndef KQ_PF_AHEAD
@@ -363,9 +366,6 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
                             float *acc, const char *pf, int npf) {
     const int64_t n = act->n_in;
     const int8_t *x0 = act->qs + r0 * n + sb * QK_K; /* row r at + r * n */
-    const int16_t *bs[KQ_FT_MAX];
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) bs[r] = act->bsums + (r0 + r) * (n / 16) + sb * 16;
     __m512i S[KQ_FT_MAX], M[KQ_FT_MAX];
 #pragma GCC unroll 8
     for (int r = 0; r < NT; r++) S[r] = M[r] = _mm512_setzero_si512();
@@ -395,13 +395,14 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
 #pragma GCC unroll 8
             for (int r = 0; r < NT; r++) S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot[r], sc));
         }
+        const int16_t *bs16 = act->bsums + r0 * (n / 16) + sb * 16; /* row r at + r * (n / 16) */
 #pragma GCC unroll 1
         for (int q = 0; q < 8; q++) { /* -32 sc (bs_2q, bs_2q+1), as q6K_offsets */
             const __m512i mp =
                 q6K_offset_pair(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q)))),
                                 _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q + 1)))));
 #pragma GCC unroll 8
-            for (int r = 0; r < NT; r++) S[r] = _mm512_dpwssd_epi32(S[r], mp, bcast32(bs[r] + 2 * q));
+            for (int r = 0; r < NT; r++) S[r] = _mm512_dpwssd_epi32(S[r], mp, bcast32(bs16 + r * (n / 16) + 2 * q));
         }
     } else {
         const __m512i h0 = _mm512_load_si512(R);

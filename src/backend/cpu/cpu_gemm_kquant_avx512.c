@@ -11,8 +11,8 @@
  * rows share each weight vector. The Q4_K mins and the Q6_K -32 offset come from the Q8_K sums of
  * 16 (vpdpwssd with int16 pairs per lane); in the fused Q4_K path from the sums of 32.
  * Packed (KQ_X16) sweeps (a call's rows go in sweeps of up to KQ_RCHUNK) of Q4_K, and of Q6_K
- * with <= 2 rows (KQ_FUSED_Q4 / KQ_FUSED_Q6), skip the buffer: kq_fused_rows decodes the record
- * in registers per tile of up to 8 (Q4_K) or 4 (Q6_K) rows and multiplies at once. Zen 5, one thread,
+ * with <= 24 rows (KQ_FUSED_Q4 / KQ_FUSED_Q6), skip the buffer: kq_fused_rows decodes the record
+ * in registers per tile of up to 8 rows and multiplies at once. Zen 5, one thread,
  * [1024 x 3072] from cache, best of 3 x 300 alternated: Q4_K 1 row 0.046
  * -> 0.034 ms, 4 rows 0.073 -> 0.055, 8 rows 0.112 -> 0.101; Q6_K 1 row 0.065 -> 0.049, 2 rows
  * 0.075 -> 0.072, 4 rows 0.090 -> 0.097 (so the buffer from 3 rows). The Q4_K_M 0.6B model's
@@ -41,7 +41,7 @@
 #define KQ_FT_Q4 8 /* Q4_K: 2 NT + NT + 4 live vectors */
 #endif
 #ifndef KQ_FT_Q6
-#define KQ_FT_Q6 4
+#define KQ_FT_Q6 8
 #endif
 #define KQ_FT_MAX 8
 #if KQ_FT_Q4 < 1 || KQ_FT_Q4 > KQ_FT_MAX || KQ_FT_Q6 < 1 || KQ_FT_Q6 > KQ_FT_MAX
@@ -53,18 +53,22 @@
 #define KQ_PF_AHEAD 2
 #endif
 /* Packed sweeps (the rows of one KQ_RCHUNK chunk of a call) of at most this many rows take the
- * fused path (Q4_K: all of them; Q6_K, whose fused 6-bit assembly costs more than the buffer's
- * round trip from 3 rows on). Zen 5, 2 threads, Q4_K [1024 x 3072] from cache, GOP/s at the best
+ * fused path (Q4_K: all of them; Q6_K up to 24 rows, above which the buffer's round trip costs
+ * less than assembling the 6-bit values once per row tile). Zen 5, 2 threads, Q4_K [1024 x 3072] from cache, GOP/s at the best
  * of 1000 runs, buffer for 9+ rows (KQ_FUSED_Q4 8, 4-row fused tiles) -> fused 8-row tiles for
  * all, two alternated rounds: 8 rows 867/928 -> 1016/939, 16 rows 861/888 -> 1070/992, 32 rows
  * 995/1000 -> 1063/988, 128 rows 978/1047 -> 1054/987; [3072 x 1024] 16 rows 917/897 ->
- * 1112/1056, 64 rows 1068/1058 -> 1142/1064. Q6_K in 8-row fused tiles for all sweeps: 16 rows
- * 845/800 -> 525/512. */
+ * 1112/1056, 64 rows 1068/1058 -> 1142/1064. Q6_K, buffer from 3 rows -> 8-row fused tiles for
+ * all sweeps (once the fused tiles stopped reading a spilled copy of the record from the stack),
+ * 2 threads, [1024 x 3072] from cache, best of 1000, three or five alternated rounds: 4 rows
+ * 354/360/379 -> 513/511/536, 8 rows 571/537/569 -> 694/676/657, 16 rows 756/696/735/691/698 ->
+ * 838/832/785/786/812, 24 rows 845/809/775 -> 933/883/827, 32 rows 913/858/857 -> 873/888/869,
+ * 48 rows 938/924/820 -> 878/848/803, 64 rows 860/833/870 -> 832/787/816; 1 row equal. */
 #ifndef KQ_FUSED_Q4
 #define KQ_FUSED_Q4 KQ_RCHUNK
 #endif
 #ifndef KQ_FUSED_Q6
-#define KQ_FUSED_Q6 2
+#define KQ_FUSED_Q6 24
 #endif
 
 /* One super-block of a group of 16 weight rows; lane i = weight row i of the group. */
@@ -364,8 +368,11 @@ T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t
  * (Q4_K). */
 T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, int64_t sb, int64_t r0, const int NT,
                             float *acc, const char *pf, int npf) {
-    const int64_t n = act->n_in;
+    int64_t n = act->n_in;
     const int8_t *x0 = act->qs + r0 * n + sb * QK_K; /* row r at + r * n */
+    /* opaque to the optimizer: else it hoists the record's loads and the rows' addresses out of
+     * the caller's row-tile loop and spills them (the Q6_K tiles read their record from the stack) */
+    __asm__("" : "+r"(R), "+r"(x0), "+r"(n));
     __m512i S[KQ_FT_MAX], M[KQ_FT_MAX];
 #pragma GCC unroll 8
     for (int r = 0; r < NT; r++) S[r] = M[r] = _mm512_setzero_si512();
@@ -373,27 +380,45 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
     if (Q6) {
         d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)R));
         const __m512i *ql = (const __m512i *)(R + CPU_KQ_X16_Q6K_QL), *qh = (const __m512i *)(R + CPU_KQ_X16_Q6K_QH);
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) { /* sub-block j: values 16 j .. 16 j + 15, value vectors 4 j + t */
-            for (int l = npf * j / 16; l < npf * (j + 1) / 16; l++) {
+        const uint8_t *sc8 = R + CPU_KQ_X16_Q6K_SC;
+        /* sub-block 8 nn + j, j = 2 s + h: values 128 nn + 16 j .. + 15, value vectors 32 nn + 4 j + t
+         * (ql dword 16 nn + 8 (s & 1) + 4 h + t, qh dword 8 nn + 4 h + t, as q6K_assemble). The
+         * halves are a loop (not unrolled) so that the compiler keeps each value vector in one
+         * register for its NT uses (unrolled, it spilled) */
+#pragma GCC unroll 1
+        for (int nn = 0; nn < 2; nn++) {
+            for (int l = npf * nn / 2; l < npf * (nn + 1) / 2; l++) {
                 if (NT <= 2) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
                 else _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
             }
-            const int nn = j / 8, s = (j / 2) % 4; /* as q6K_assemble: v = 32 nn + 8 s + ll */
-            __m512i dot[KQ_FT_MAX];
-#pragma GCC unroll 8
-            for (int r = 0; r < NT; r++) dot[r] = _mm512_setzero_si512();
+            const __m512i *qln = ql + 16 * nn, *qhn = qh + 8 * nn;
+            const int8_t *xn = x0 + 128 * nn;
+            const uint8_t *scn = sc8 + 128 * nn;
 #pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
-                const int ll = 4 * (j % 2) + t;
-                const __m512i lv = _mm512_load_si512(ql + 16 * nn + 8 * (s & 1) + ll);
-                const __m512i wv = q6K_vec(lv, _mm512_load_si512(qh + 8 * nn + ll), s);
+            for (int s = 0; s < 4; s++) {
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const int j = 2 * s + h;
+                    __m512i dot[KQ_FT_MAX];
 #pragma GCC unroll 8
-                for (int r = 0; r < NT; r++) dot[r] = _mm512_dpbusd_epi32(dot[r], wv, bcast32(x0 + r * n + 16 * j + 4 * t));
+                    for (int r = 0; r < NT; r++) dot[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int t = 0; t < 4; t++) {
+                        const int ll = 4 * h + t;
+                        __m512i wv = q6K_vec(_mm512_load_si512(qln + 8 * (s & 1) + ll), _mm512_load_si512(qhn + ll), s);
+                        __asm__("" : "+v"(wv)); /* one vector, NT uses */
+#pragma GCC unroll 8
+                        for (int r = 0; r < NT; r++) dot[r] = _mm512_dpbusd_epi32(dot[r], wv, bcast32(xn + r * n + 16 * j + 4 * t));
+                    }
+                    __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(scn + 16 * j)));
+                    __asm__("" : "+v"(sc));
+#pragma GCC unroll 8
+                    for (int r = 0; r < NT; r++) {
+                        S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot[r], sc));
+                        __asm__("" : "+v"(S[r])); /* in order: no tree of the sub-blocks' products */
+                    }
+                }
             }
-            const __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * j)));
-#pragma GCC unroll 8
-            for (int r = 0; r < NT; r++) S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot[r], sc));
         }
         const int16_t *bs16 = act->bsums + r0 * (n / 16) + sb * 16; /* row r at + r * (n / 16) */
 #pragma GCC unroll 1

@@ -2,8 +2,8 @@
  * and Q6_K for AVX2 as TENSOR_LAYOUT_Q6K_X16V; cpu_pack.c): 16 rows per group, one record per
  * super-block with row i in 32-bit lane i.
  * - the layout: every record field at its offset (d, dmin, the unpacked 6-bit / int8 scales, the
- *   Q4_K quant dwords, the Q6_K ql / qh dwords or, Q6K_X16V, its 6-bit values four in three bytes),
- *   the last group padded with the last row; which levels pack (AVX2 and AVX-512; the scalar level
+ *   Q4_K quant dwords, the Q6_K ql / qh dwords or, Q6K_X16V, its 6-bit values four in three bytes,
+ *   and Q6_K's correction for biased activations), the last group padded with the last row; which levels pack (AVX2 and AVX-512; the scalar level
  *   reads the blocks);
  * - the packed kernels give the bits of the plain kernels on awkward shapes (n_in 256 .. 2816,
  *   outputs 1 .. 37, rows 1 .. 130, from row 0 and from row 1), random and extreme blocks; the
@@ -92,6 +92,10 @@ TEST(gemm_kq_x16_layout) {
                     bad |= memcmp(R + 2 * i, &b->d, 2) != 0 || R[32 + i] != 0;
                     for (int j = 0; j < 16; j++)
                         bad |= (int8_t)R[CPU_KQ_X16_Q6K_SC + 16 * j + i] != b->scales[j];
+                    int32_t nk = 0, nk_rec; /* the biased activations' correction (both layouts) */
+                    for (int e = 0; e < QK_K; e++) nk -= 128 * b->scales[e / 16] * cpu_q6_K_value(b, e);
+                    memcpy(&nk_rec, R + CPU_KQ_X16_Q6K_NK + 4 * i, 4);
+                    bad |= nk_rec != nk;
                     for (int q = 0; q < 32 && !vl; q++)
                         bad |= memcmp(R + CPU_KQ_X16_Q6K_QL + 64 * q + 4 * i, b->ql + 4 * q, 4) != 0;
                     for (int q = 0; q < 16 && !vl; q++)
@@ -124,8 +128,9 @@ TEST(gemm_kq_x16_layout) {
 
 static const int64_t k_kn_in[3] = {256, 768, 2816};
 static const int64_t k_kn_out[5] = {1, 3, 13, 16, 37};
-/* the fused paths' edges: AVX-512 Q6_K 2 / 3, Q4_K 8 / 9 (tiles of 4); AVX2 16 / 17 */
-static const int64_t k_krows[10] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 130};
+/* the fused paths' edges: AVX-512 tiles of 8 (8 / 9, 16 / 17), Q6_K fused up to 24 rows (24 / 25,
+ * and 23 / 24 from row 1), sweeps of 64 (130); AVX2 16 / 17 */
+static const int64_t k_krows[12] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 24, 25, 130};
 
 static int kx_cmp(test_ctx *t, const float *a, const float *b, int64_t n, int64_t n_out, const char *what,
                   uint32_t type, int64_t n_in) {
@@ -148,7 +153,7 @@ TEST(gemm_kq_x16_same_bits_as_plain) {
         for (int ti = 0; ti < 2; ti++) {
             for (int ni = 0; ni < 3; ni++) {
                 for (int oi = 0; oi < 5; oi++) {
-                    for (int ri = 0; ri < 10; ri++) {
+                    for (int ri = 0; ri < 12; ri++) {
                         if (k_kn_in[ni] == 2816 && k_krows[ri] == 130 && oi != 4)
                             continue;
                         const uint32_t type = k_kt[ti];

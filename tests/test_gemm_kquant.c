@@ -296,6 +296,9 @@ TEST(gemm_q8_K_quantizer_nonfinite_and_tiny) {
             }
         }
         CHECK_MSG(bad32 == 0, "%s: %d sums of 32 differ from their q", lvl, bad32);
+        int badu = 0; /* the biased copy (the AVX-512 packed Q6_K operand): q + 128 */
+        for (int i = 0; i < N_IN * ROWS; i++) badu += a.qsu[i] != a.qs[i] + 128;
+        CHECK_MSG(badu == 0, "%s: %d biased q differ from q + 128", lvl, badu);
         float y[ROWS][N_OUT];
         k.matmul[QUANT_TYPE_Q4_K](w, wrow, &a, 0, ROWS, &y[0][0], N_OUT, 0, N_OUT);
         for (int i = 0; i < ROWS; i++)

@@ -478,8 +478,9 @@ backend_caps backend_get_caps(const backend *be) { return be->vt->caps(be); }
 
 size_t tensor_kq_x16_record_bytes(uint32_t type) {
     /* Q4_K: d|dmin x 16 (64) + 8 scales and 8 mins x 16 (256) + 32 qs dwords x 16 (2048);
-     * Q6_K: d x 16 (32, padded to 64) + 16 scales x 16 (256) + 32 ql dwords x 16 (2048) + 16 qh dwords x 16 (1024) */
-    return type == QUANT_TYPE_Q4_K ? 2368 : type == QUANT_TYPE_Q6_K ? 3392 : 0;
+     * Q6_K: d x 16 (32, padded to 64) + 16 scales x 16 (256) + 32 ql dwords x 16 (2048) + 16 qh dwords x 16 (1024)
+     * + the biased activations' correction x 16 (64) */
+    return type == QUANT_TYPE_Q4_K ? 2368 : type == QUANT_TYPE_Q6_K ? 3456 : 0;
 }
 
 size_t backend_weight_pack_size(const backend *be, const tensor *w) {

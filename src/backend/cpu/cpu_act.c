@@ -8,7 +8,8 @@
  * - Q8_K (for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights): per 256 values max = the value of largest magnitude (first),
  *   iscale = -127 / max, q = min(127, nearest_int(iscale * x)), d = 1 / iscale (f32), and the sums
  *   of each 16 q (ggml's quantize_row_q8_K_ref, which x86 uses), then of each 32 (pairs of those;
- *   cpu_act_q8_K_sums32, the last step of every Q8_K producer).
+ *   cpu_act_q8_K_sums32, the last step of every Q8_K producer), and a biased copy q + 128 (qsu,
+ *   written beside q).
  * - f16 / bf16 (for F16 / BF16 weights): x rounded to the type (nearest even), kept as f32. */
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
@@ -48,7 +49,7 @@ size_t cpu_act_bytes(cpu_dot_type dot, int64_t n_in, int64_t n_rows) {
     }
     case CPU_DOT_Q8_K:
         return align64(n) + align64(n / QK_K * sizeof(float)) + align64(n / 16 * sizeof(int16_t)) +
-               align64(n / 32 * sizeof(int16_t));
+               align64(n / 32 * sizeof(int16_t)) + align64(n);
     }
     return 0;
 }
@@ -78,6 +79,7 @@ void cpu_act_layout(cpu_act *act, cpu_dot_type dot, int64_t n_in, int64_t n_rows
         act->d = (float *)(p + align64(n));
         act->bsums = (int16_t *)(p + align64(n) + align64(n / QK_K * sizeof(float)));
         act->bsums32 = (int16_t *)((char *)act->bsums + align64(n / 16 * sizeof(int16_t)));
+        act->qsu = (uint8_t *)((char *)act->bsums32 + align64(n / 32 * sizeof(int16_t)));
         break;
     }
 }
@@ -143,9 +145,11 @@ void cpu_act_row_q8_K_ref(cpu_act *act, int64_t r, const float *x) {
     int8_t *qs = act->qs + r * act->n_in;
     float *d = act->d + r * nb;
     int16_t *bsums = act->bsums + r * (act->n_in / 16);
+    uint8_t *qu = act->qsu + r * act->n_in;
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK_K;
         int8_t *qb = qs + b * QK_K;
+        uint8_t *qub = qu + b * QK_K;
         float max = 0.0f, amax = 0.0f;
         bool bad = false;
         for (int j = 0; j < QK_K; j++) {
@@ -159,6 +163,7 @@ void cpu_act_row_q8_K_ref(cpu_act *act, int64_t r, const float *x) {
         if (bad || amax < CPU_Q8_0_AMAX_MIN) { /* NaN / Inf: d = NaN (every dot with it is NaN); tiny: d = 0 */
             d[b] = bad ? NAN : 0.0f;
             memset(qb, 0, QK_K);
+            memset(qub, 128, QK_K);
             for (int j = 0; j < QK_K / 16; j++) bsums[b * (QK_K / 16) + j] = 0;
             continue;
         }
@@ -166,6 +171,7 @@ void cpu_act_row_q8_K_ref(cpu_act *act, int64_t r, const float *x) {
         for (int j = 0; j < QK_K; j++) {
             const int v = nearest_int(iscale * xb[j]);
             qb[j] = (int8_t)(v < 127 ? v : 127);
+            qub[j] = (uint8_t)(qb[j] + 128); /* -127..127 -> 1..255 */
         }
         for (int j = 0; j < QK_K / 16; j++) {
             int sum = 0;
@@ -181,6 +187,10 @@ void cpu_act_q8_K_sums32(cpu_act *act, int64_t r) {
     const int16_t *bs = act->bsums + r * (act->n_in / 16);
     int16_t *b32 = act->bsums32 + r * (act->n_in / 32);
     for (int64_t j = 0; j < act->n_in / 32; j++) b32[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]); /* |sum| <= 32 * 127 */
+}
+
+size_t cpu_act_row_hot_bytes(cpu_dot_type dot, int64_t n_in) {
+    return cpu_act_bytes(dot, n_in, 1) - (dot == CPU_DOT_Q8_K ? align64((size_t)n_in) : 0);
 }
 
 static void act_row_f32_copy(cpu_act *act, int64_t r, const float *x) {

@@ -9,7 +9,9 @@
  * the lane's scale, so the integer work is about one vpdpbusd per 64 multiply-adds (the former
  * two-rows-per-vector kernel needed a vpdpwssd per vpdpbusd). Register tiles of up to 8 activation
  * rows share each weight vector. The Q4_K mins and the Q6_K -32 offset come from the Q8_K sums of
- * 16 (vpdpwssd with int16 pairs per lane); in the fused Q4_K path from the sums of 32.
+ * 16 (vpdpwssd with int16 pairs per lane); in the fused Q4_K path from the sums of 32. The fused
+ * Q6_K path needs no sums: its weights q are the signed operand and the activations q8 + 128
+ * (act->qsu) the unsigned one, and the 128 sum q that adds is the record's NK (docs/quantization.md).
  * Packed (KQ_X16) sweeps (a call's rows go in sweeps of up to KQ_RCHUNK) of Q4_K, and of Q6_K
  * with <= 24 rows (KQ_FUSED_Q4 / KQ_FUSED_Q6), skip the buffer: kq_fused_rows decodes the record
  * in registers per tile of up to 8 rows and multiplies at once. Zen 5, one thread,
@@ -76,6 +78,7 @@ typedef struct kq_dec {
     __m512i w[64];  /* w[v]: values 4v .. 4v+3 (unsigned bytes: Q4_K 0..15, Q6_K 0..63) */
     __m512i sc[16]; /* sub-block scales as int32: Q4_K 0..7 (6-bit), Q6_K 0..15 (int8) */
     __m512i mp[8];  /* int16 pairs against sums-of-16 pairs: Q4_K (m_j, m_j); Q6_K -32 (sc_2p, sc_2p+1) */
+    __m512i nk;     /* Q6_K from a record (w then signed q, -32..31): its NK */
     __m512 d, dmin; /* f16 d (and Q4_K dmin) as f32 */
 } kq_dec;
 
@@ -271,6 +274,8 @@ T512 INL void q4K_decode_x16(const uint8_t *R, kq_dec *D) {
     }
 }
 
+/* Q6_K from a record: the values as signed q (-32..31) and the record's NK, for biased activations
+ * (kq_rows with BIAS; no mp). */
 T512 INL void q6K_decode_x16(const uint8_t *R, kq_dec *D) {
     D->d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)R));
     D->dmin = _mm512_setzero_ps();
@@ -278,9 +283,12 @@ T512 INL void q6K_decode_x16(const uint8_t *R, kq_dec *D) {
     for (int j = 0; j < 16; j++) {
         D->sc[j] = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * j)));
     }
-    q6K_offsets(D);
+    D->nk = _mm512_load_si512(R + CPU_KQ_X16_Q6K_NK);
     /* the record's ql / qh vectors are the transposes' output already (64-byte aligned) */
     q6K_assemble((const __m512i *)(R + CPU_KQ_X16_Q6K_QL), (const __m512i *)(R + CPU_KQ_X16_Q6K_QH), D);
+    const __m512i off32 = _mm512_set1_epi8(32);
+#pragma GCC unroll 64
+    for (int v = 0; v < 64; v++) D->w[v] = _mm512_sub_epi8(D->w[v], off32);
 }
 
 /* ---- the row tiles ---------------------------------------------------------------------------- */
@@ -306,21 +314,24 @@ T512 INL void kq_acc_rows(const __m512i *S, const __m512i *M, __m512 d, __m512 d
 }
 
 /* acc[r] (16 lanes, in memory) += super-block sb of the group for activation rows r0 .. r0+NT-1.
- * Q6: Q6_K (16 sub-blocks of 16, offset -32), else Q4_K (8 sub-blocks of 32, mins). */
+ * Q6: Q6_K (16 sub-blocks of 16, offset -32), else Q4_K (8 sub-blocks of 32, mins). BIAS (Q6_K
+ * from a record): D->w holds signed q against the biased activations qsu, and S starts from
+ * D->nk instead of taking the offset from the sums of 16 (the same integer S). */
 /* pf / npf: cache lines to prefetch during the call, spread over its sub-blocks (packed weights:
  * a share of the record KQ_PF_AHEAD super-blocks ahead; a burst of them at once stalled the
  * rows). Into L1 for 1-2 rows, into L2 for more (as the packed Q8_0 kernel: there the lines ahead
  * evicted the record in use from L1); the 0.6B Q4_K_M model's 4-row verify 25-30 -> 22-24 ms, alternated. */
-T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t sb, int64_t r0, const int NT,
-                      float *acc, const char *pf, int npf) {
+T512 INL void kq_rows(const kq_dec *D, const int Q6, const int BIAS, const cpu_act *act, int64_t sb, int64_t r0,
+                      const int NT, float *acc, const char *pf, int npf) {
     const int8_t *x0 = act->qs + r0 * act->n_in + sb * QK_K; /* row r at + r * n_in */
+    const uint8_t *xu0 = act->qsu + r0 * act->n_in + sb * QK_K;
     const int16_t *bs[KQ_NT];
 #pragma GCC unroll 8
     for (int r = 0; r < NT; r++) bs[r] = act->bsums + (r0 + r) * (act->n_in / 16) + sb * 16;
     const int nsub = Q6 ? 16 : 8, per = Q6 ? 4 : 8; /* sub-blocks, dwords per sub-block */
     __m512i S[KQ_NT];
 #pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) S[r] = _mm512_setzero_si512();
+    for (int r = 0; r < NT; r++) S[r] = BIAS ? D->nk : _mm512_setzero_si512();
 #pragma GCC unroll 1
     for (int j = 0; j < nsub; j++) { /* a loop, not unrolled: 2 NT + 3 live vectors, no spills */
         for (int l = npf * j / nsub; l < npf * (j + 1) / nsub; l++) { /* L2 for 3+ rows (below) */
@@ -331,12 +342,16 @@ T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t
 #pragma GCC unroll 8
         for (int r = 0; r < NT; r++) dot[r] = _mm512_setzero_si512();
         const int8_t *xj = x0 + 4 * per * j;
+        const uint8_t *xuj = xu0 + 4 * per * j;
 #pragma GCC unroll 8
         for (int k = 0; k < per; k++) {
             __m512i wv = D->w[per * j + k];
             __asm__("" : "+v"(wv)); /* one load, NT uses */
 #pragma GCC unroll 8
-            for (int r = 0; r < NT; r++) dot[r] = _mm512_dpbusd_epi32(dot[r], wv, bcast32(xj + r * act->n_in + 4 * k));
+            for (int r = 0; r < NT; r++) {
+                dot[r] = BIAS ? _mm512_dpbusd_epi32(dot[r], bcast32(xuj + r * act->n_in + 4 * k), wv)
+                              : _mm512_dpbusd_epi32(dot[r], wv, bcast32(xj + r * act->n_in + 4 * k));
+            }
         }
         __m512i sc = D->sc[j];
         __asm__("" : "+v"(sc));
@@ -347,7 +362,7 @@ T512 INL void kq_rows(const kq_dec *D, const int Q6, const cpu_act *act, int64_t
 #pragma GCC unroll 8
     for (int r = 0; r < NT; r++) M[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-    for (int q = 0; q < 8; q++) {
+    for (int q = 0; q < 8 && !BIAS; q++) {
 #pragma GCC unroll 8
         for (int r = 0; r < NT; r++) {
             if (Q6) {
@@ -378,6 +393,13 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
     for (int r = 0; r < NT; r++) S[r] = M[r] = _mm512_setzero_si512();
     __m512 d, dmin = _mm512_setzero_ps();
     if (Q6) {
+        /* biased activations: sum_j sc_j sum_i (x_i + 128) q_i = S - NK, so S starts from NK (the
+         * record's -128 sum_j sc_j sum_i q_i) and needs no sums of 16 */
+        const uint8_t *xu0 = act->qsu + r0 * n + sb * QK_K; /* row r at + r * n */
+        __asm__("" : "+r"(xu0));
+        const __m512i nk = _mm512_load_si512(R + CPU_KQ_X16_Q6K_NK), off32 = _mm512_set1_epi8(32);
+#pragma GCC unroll 8
+        for (int r = 0; r < NT; r++) S[r] = nk;
         d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)R));
         const __m512i *ql = (const __m512i *)(R + CPU_KQ_X16_Q6K_QL), *qh = (const __m512i *)(R + CPU_KQ_X16_Q6K_QH);
         const uint8_t *sc8 = R + CPU_KQ_X16_Q6K_SC;
@@ -392,7 +414,7 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
                 else _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
             }
             const __m512i *qln = ql + 16 * nn, *qhn = qh + 8 * nn;
-            const int8_t *xn = x0 + 128 * nn;
+            const uint8_t *xn = xu0 + 128 * nn;
             const uint8_t *scn = sc8 + 128 * nn;
 #pragma GCC unroll 4
             for (int s = 0; s < 4; s++) {
@@ -405,10 +427,12 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
 #pragma GCC unroll 4
                     for (int t = 0; t < 4; t++) {
                         const int ll = 4 * h + t;
-                        __m512i wv = q6K_vec(_mm512_load_si512(qln + 8 * (s & 1) + ll), _mm512_load_si512(qhn + ll), s);
+                        /* q = (q + 32) - 32, the signed operand (the activations are the unsigned one) */
+                        __m512i wv = _mm512_sub_epi8(
+                            q6K_vec(_mm512_load_si512(qln + 8 * (s & 1) + ll), _mm512_load_si512(qhn + ll), s), off32);
                         __asm__("" : "+v"(wv)); /* one vector, NT uses */
 #pragma GCC unroll 8
-                        for (int r = 0; r < NT; r++) dot[r] = _mm512_dpbusd_epi32(dot[r], wv, bcast32(xn + r * n + 16 * j + 4 * t));
+                        for (int r = 0; r < NT; r++) dot[r] = _mm512_dpbusd_epi32(dot[r], bcast32(xn + r * n + 16 * j + 4 * t), wv);
                     }
                     __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(scn + 16 * j)));
                     __asm__("" : "+v"(sc));
@@ -419,15 +443,6 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
                     }
                 }
             }
-        }
-        const int16_t *bs16 = act->bsums + r0 * (n / 16) + sb * 16; /* row r at + r * (n / 16) */
-#pragma GCC unroll 1
-        for (int q = 0; q < 8; q++) { /* -32 sc (bs_2q, bs_2q+1), as q6K_offsets */
-            const __m512i mp =
-                q6K_offset_pair(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q)))),
-                                _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q + 1)))));
-#pragma GCC unroll 8
-            for (int r = 0; r < NT; r++) S[r] = _mm512_dpwssd_epi32(S[r], mp, bcast32(bs16 + r * (n / 16) + 2 * q));
         }
     } else {
         const __m512i h0 = _mm512_load_si512(R);
@@ -546,14 +561,14 @@ T512 INL void mm_kq_512(const void *w, size_t w_nb1, const int Q6, const int X16
                     const char *p0 = pf + 64 * l0;
                     const int np = l1 - l0;
                     switch (nt) {
-                    case 1: kq_rows(&D, Q6, act, sb, rc + rt, 1, a, p0, np); break;
-                    case 2: kq_rows(&D, Q6, act, sb, rc + rt, 2, a, p0, np); break;
-                    case 3: kq_rows(&D, Q6, act, sb, rc + rt, 3, a, p0, np); break;
-                    case 4: kq_rows(&D, Q6, act, sb, rc + rt, 4, a, p0, np); break;
-                    case 5: kq_rows(&D, Q6, act, sb, rc + rt, 5, a, p0, np); break;
-                    case 6: kq_rows(&D, Q6, act, sb, rc + rt, 6, a, p0, np); break;
-                    case 7: kq_rows(&D, Q6, act, sb, rc + rt, 7, a, p0, np); break;
-                    default: kq_rows(&D, Q6, act, sb, rc + rt, 8, a, p0, np); break;
+                    case 1: kq_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 1, a, p0, np); break;
+                    case 2: kq_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 2, a, p0, np); break;
+                    case 3: kq_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 3, a, p0, np); break;
+                    case 4: kq_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 4, a, p0, np); break;
+                    case 5: kq_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 5, a, p0, np); break;
+                    case 6: kq_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 6, a, p0, np); break;
+                    case 7: kq_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 7, a, p0, np); break;
+                    default: kq_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 8, a, p0, np); break;
                     }
                 }
             }

@@ -42,7 +42,7 @@ static inline int64_t cpu_q8_0_offset(int64_t i) {
 
 /* Activation rows [n_in, n_rows] prepared for one matmul. Per-row lengths:
  * f [n_in]; Q8_0: qs [row_len] (transposed, padded), d [row_len / 32], ns [row_len / 32];
- * Q8_K: qs [n_in] (plain order), d [n_in / 256], bsums [n_in / 16], bsums32 [n_in / 32]. */
+ * Q8_K: qs [n_in] (plain order), d [n_in / 256], bsums [n_in / 16], bsums32 [n_in / 32], qsu [n_in]. */
 typedef struct cpu_act {
     cpu_dot_type dot;
     int64_t n_in;
@@ -54,6 +54,8 @@ typedef struct cpu_act {
     int32_t *ns;      /* [n_rows][row_len / 32]    CPU_DOT_Q8_0: minus the sum of each block's q */
     int16_t *bsums;   /* [n_rows][n_in / 16]       CPU_DOT_Q8_K */
     int16_t *bsums32; /* [n_rows][n_in / 32]       CPU_DOT_Q8_K: bsums[2j] + bsums[2j+1] (a sub-block of 32) */
+    uint8_t *qsu;     /* [n_rows][n_in]            CPU_DOT_Q8_K: qs + 128 (1..255), the unsigned operand of
+                       * the AVX-512 packed Q6_K kernel (its weights are the signed one) */
 } cpu_act;
 
 /* The dot type a weight type is multiplied with. */
@@ -68,8 +70,12 @@ void cpu_act_row_f16_ref(cpu_act *act, int64_t r, const float *x);  /* f16-round
 void cpu_act_row_bf16_ref(cpu_act *act, int64_t r, const float *x); /* bf16-rounded f32 */
 void cpu_act_row_q8_0_ref(cpu_act *act, int64_t r, const float *x);
 void cpu_act_row_q8_K_ref(cpu_act *act, int64_t r, const float *x);
-/* Row r's bsums32 from its bsums (the last step of every Q8_K row producer). */
+/* Row r's bsums32 from its bsums (the last step of every Q8_K row producer; each producer writes
+ * qsu beside qs). */
 void cpu_act_q8_K_sums32(cpu_act *act, int64_t r);
+/* Bytes of one row's prepared activations that a matmul kernel reads (cpu_act_bytes of one row,
+ * less Q8_K's qsu: a kernel reads qs or qsu, never both). */
+size_t cpu_act_row_hot_bytes(cpu_dot_type dot, int64_t n_in);
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 
@@ -166,13 +172,16 @@ tensor cpu_weight_packed_view(const cpu_kernels *k, const tensor *w, void *dst);
  * min (j < 8); QS + 64 q + 4 i: qs dword q (q < 32).
  * Q6_K: [0, 32) d (f16) per lane; SC + 16 j + i: scale j (int8, j < 16); QL + 64 q + 4 i: ql dword q
  * (q < 32); QH + 64 q + 4 i: qh dword q (q < 16): the block's bits, only moved into lanes (the
- * kernels assemble the 6-bit values as the plain Q6_K decode does). */
+ * kernels assemble the 6-bit values as the plain Q6_K decode does); NK + 4 i: int32
+ * -128 * sum_j scale_j * (sum of sub-block j's signed values q, -32..31), what the biased
+ * activations qs + 128 add to a super-block's scaled dots (in the Q6K_X16V records too). */
 #define CPU_KQ_X16_Q4K_SC 64
 #define CPU_KQ_X16_Q4K_M 192
 #define CPU_KQ_X16_Q6K_SC 64
 #define CPU_KQ_X16_QS 320
 #define CPU_KQ_X16_Q6K_QL 320
 #define CPU_KQ_X16_Q6K_QH 2368
+#define CPU_KQ_X16_Q6K_NK 3392
 /* Q6K_X16V records: d and SC as Q6_K's above; QV + 64 (3 j + k) + 4 i: dword k (k < 3) of
  * sub-block j (j < 16) of row i, byte e = (q + 32 of value 4 k + e of the sub-block) | (bits
  * 2 k, 2 k + 1 of q + 32 of value 12 + e) << 6. */

@@ -142,6 +142,7 @@ T2 static void act_row_q8_K_avx2(cpu_act *act, int64_t r, const float *x) {
     int8_t *qs = act->qs + r * act->n_in;
     float *d = act->d + r * nb;
     int16_t *bsums = act->bsums + r * (act->n_in / 16);
+    uint8_t *qu = act->qsu + r * act->n_in;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK_K;
@@ -156,6 +157,7 @@ T2 static void act_row_q8_K_avx2(cpu_act *act, int64_t r, const float *x) {
         if (bad || amax < CPU_Q8_0_AMAX_MIN) { /* as cpu_act_row_q8_K_ref: NaN / Inf -> d = NaN; tiny -> 0 */
             d[b] = bad ? NAN : 0.0f;
             memset(qs + b * QK_K, 0, QK_K);
+            memset(qu + b * QK_K, 128, QK_K);
             memset(bsums + b * 16, 0, 16 * sizeof(int16_t));
             continue;
         }
@@ -177,6 +179,7 @@ T2 static void act_row_q8_K_avx2(cpu_act *act, int64_t r, const float *x) {
             p = _mm256_permute4x64_epi64(p, 0xd8);                                  /* a0-7 | c0-7 (int16) */
             const __m128i q = _mm_packs_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
             _mm_storeu_si128((__m128i *)(qs + b * QK_K + j), q);
+            _mm_storeu_si128((__m128i *)(qu + b * QK_K + j), _mm_xor_si128(q, _mm_set1_epi8(-128))); /* q + 128 */
         }
         d[b] = 1.0f / iscale;
     }

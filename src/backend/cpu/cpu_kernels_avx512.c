@@ -111,6 +111,7 @@ T512 static void act_row_q8_K_512(cpu_act *act, int64_t r, const float *x) {
     int8_t *qs = act->qs + r * act->n_in;
     float *d = act->d + r * nb;
     int16_t *bsums = act->bsums + r * (act->n_in / 16);
+    uint8_t *qu = act->qsu + r * act->n_in;
     const __m512 sign = _mm512_set1_ps(-0.0f);
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK_K;
@@ -125,6 +126,7 @@ T512 static void act_row_q8_K_512(cpu_act *act, int64_t r, const float *x) {
         if (bad || amax < CPU_Q8_0_AMAX_MIN) { /* as cpu_act_row_q8_K_ref: NaN / Inf -> d = NaN; tiny -> 0 */
             d[b] = bad ? NAN : 0.0f;
             memset(qs + b * QK_K, 0, QK_K);
+            memset(qu + b * QK_K, 128, QK_K);
             memset(bsums + b * 16, 0, 16 * sizeof(int16_t));
             continue;
         }
@@ -144,7 +146,9 @@ T512 static void act_row_q8_K_512(cpu_act *act, int64_t r, const float *x) {
             __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j), is),
                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             q = _mm512_min_epi32(q, lim);
-            _mm_storeu_si128((__m128i *)(qs + b * QK_K + j), _mm512_cvtsepi32_epi8(q));
+            const __m128i q8 = _mm512_cvtsepi32_epi8(q);
+            _mm_storeu_si128((__m128i *)(qs + b * QK_K + j), q8);
+            _mm_storeu_si128((__m128i *)(qu + b * QK_K + j), _mm_xor_si128(q8, _mm_set1_epi8(-128))); /* q + 128 */
             bsums[b * 16 + j / 16] = (int16_t)_mm512_reduce_add_epi32(q);
         }
         d[b] = 1.0f / iscale;

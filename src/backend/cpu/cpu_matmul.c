@@ -133,7 +133,7 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
     job.chunk = chunk;
     job.n_chunks = (n_out + chunk - 1) / chunk;
     /* row blocks: whole multiples of 16 rows (the kernels' row tiles), at least 16 */
-    const int64_t row_bytes = (int64_t)cpu_act_bytes(dot, n_in, 1);
+    const int64_t row_bytes = (int64_t)cpu_act_row_hot_bytes(dot, n_in);
     const int64_t block_bytes = dot == CPU_DOT_F32 ? MATMUL_ROW_BLOCK_BYTES_F32 : MATMUL_ROW_BLOCK_BYTES;
     int64_t rb = block_bytes / (row_bytes > 0 ? row_bytes : 1) / 16 * 16;
     if (rb < 16) rb = 16;

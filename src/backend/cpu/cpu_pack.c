@@ -9,7 +9,8 @@
  *   of the group in 32-bit lane i: the f16 scales, the 6-bit (Q4_K) or int8 (Q6_K) sub-block scales
  *   one byte per row, and the quants dword by dword (Q4_K's qs; Q6_K's ql and qh) (record offsets
  *   in cpu_internal.h and docs/quantization.md). The kernels load the lanes they decoded with 16x16
- *   transposes before. Q4_K records are 3% larger than the blocks, Q6_K records 1%.
+ *   transposes before. Q4_K and Q6_K records are 3% larger than the blocks (Q6_K's with the
+ *   correction its AVX-512 kernel needs for biased activations, cpu_internal.h).
  * - TENSOR_LAYOUT_Q6K_X16V: Q6_K as KQ_X16 with the quants as ready 6-bit values, four in every
  *   three bytes (cpu_internal.h: CPU_Q6K_X16V_QV): the AVX2 kernels take a value vector with one
  *   mask (three of four) instead of assembling it from ql and qh.
@@ -90,9 +91,16 @@ static void pack_kq_record(uint8_t *R, uint32_t type, bool v, const uint8_t *con
             const block_q6_K *b = (const block_q6_K *)rows[i] + sb;
             memcpy(R + 2 * i, &b->d, 2);
             for (int j = 0; j < 16; j++) R[CPU_KQ_X16_Q6K_SC + 16 * j + i] = (uint8_t)b->scales[j];
+            int8_t vals[QK_K];
+            cpu_q6_K_values(b, vals);
+            int32_t nk = 0; /* |nk| <= 128 * 16 * 128 * 512 = 2^27 */
+            for (int j = 0; j < 16; j++) {
+                int32_t sq = 0;
+                for (int e = 0; e < 16; e++) sq += vals[16 * j + e];
+                nk -= 128 * b->scales[j] * sq;
+            }
+            memcpy(R + CPU_KQ_X16_Q6K_NK + 4 * i, &nk, 4);
             if (v) {
-                int8_t vals[QK_K];
-                cpu_q6_K_values(b, vals);
                 for (int j = 0; j < 16; j++) {
                     /* dword kk of sub-block j as one little-endian word: values 4 kk .. 4 kk + 3,
                      * and bits 2 kk, 2 kk + 1 of values 12 .. 15 in each byte's bits 6 and 7; a

@@ -16,7 +16,10 @@
  * same lanes: into the L1 buffer (kq_decode2_x16) for Q6_K batches of 9+ rows, else straight into
  * registers per tile of up to 4 activation rows (kq2_fused_rows), with the next group's record
  * prefetched (Zen 2's hardware prefetch alone leaves memory idle while it computes: 1 row from
- * memory 0.158 -> 0.122 ms on Q6_K 1024 x 3072). */
+ * memory 0.158 -> 0.122 ms on Q6_K 1024 x 3072). Packed Q6_K takes biased activations (as the
+ * AVX-512 kernel): the values q (-32..31) are vpmaddubsw's signed operand and act->qsu (q8 + 128)
+ * the unsigned one, 4 products of at most 255 * 32 per int16, and S starts from the record's NK
+ * instead of taking the offset from the sums of 16. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_decode_ext.h" /* dx_transpose8 */
 
@@ -47,6 +50,7 @@ typedef struct kq2_dec {
     __m256i w[64];   /* w[v]: values 4v .. 4v+3 (unsigned bytes: Q4_K 0..15, Q6_K 0..63) */
     __m256i scp[16]; /* (sc_j, sc_j) int16 pairs: Q4_K j < 8 (6-bit), Q6_K j < 16 (int8) */
     __m256i mp[8];   /* int16 pairs against sums-of-16 pairs: Q4_K (m_j, m_j); Q6_K -32 (sc_2p, sc_2p+1) */
+    __m256i nk;      /* Q6_K from a record (w then signed q, -32..31): its NK */
     __m256 d, dmin;  /* f16 d (and Q4_K dmin) as f32 */
 } kq2_dec;
 
@@ -207,7 +211,7 @@ T2 INL void q6K_x16v_vecs(const uint8_t *R, int j, int h, __m256i v[4]) {
 
 /* The same decodes from half h (rows 8 h .. 8 h + 7) of a KQ_X16 (Q4_K) or Q6K_X16V (Q6_K) record
  * (cpu_pack.c): the lanes are the 32-byte halves of its 64-byte vectors, so the transposes become
- * loads; the same D. */
+ * loads; the same D, but Q6_K's values signed (q) with the record's NK instead of mp. */
 T2 INL void kq_decode2_x16(const uint8_t *R, const int Q6, int h, kq2_dec *D) {
     uint16_t dh[8], mh[8];
     for (int i = 0; i < 8; i++) {
@@ -224,14 +228,13 @@ T2 INL void kq_decode2_x16(const uint8_t *R, const int Q6, int h, kq2_dec *D) {
             sc[j] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * j + 8 * h)));
             D->scp[j] = _mm256_or_si256(_mm256_and_si256(sc[j], lo16), _mm256_slli_epi32(sc[j], 16));
         }
-#pragma GCC unroll 8
-        for (int q = 0; q < 8; q++) {
-            const __m256i na = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * q], 5));
-            const __m256i nb = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * q + 1], 5));
-            D->mp[q] = _mm256_or_si256(_mm256_and_si256(na, lo16), _mm256_slli_epi32(nb, 16));
-        }
+        D->nk = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_Q6K_NK + 32 * h));
+        const __m256i off32 = _mm256_set1_epi8(32);
 #pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) q6K_x16v_vecs(R, j, h, D->w + 4 * j); /* values 16 j .. 16 j + 15 */
+        for (int j = 0; j < 16; j++) { /* values 16 j .. 16 j + 15 */
+            q6K_x16v_vecs(R, j, h, D->w + 4 * j);
+            for (int k = 0; k < 4; k++) D->w[4 * j + k] = _mm256_sub_epi8(D->w[4 * j + k], off32);
+        }
         return;
     }
 #pragma GCC unroll 8
@@ -256,14 +259,17 @@ T2 INL __m256i bcast32_2(const void *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* acc[r] (8 lanes, in memory) += super-block sb of the group for activation rows r0 .. r0+NT-1. */
-T2 INL void kq2_rows(const kq2_dec *D, const int Q6, const cpu_act *act, int64_t sb, int64_t r0, const int NT,
-                     float *acc) {
+/* acc[r] (8 lanes, in memory) += super-block sb of the group for activation rows r0 .. r0+NT-1.
+ * BIAS (Q6_K from a record): D->w holds signed q against the biased activations qsu, and S starts
+ * from D->nk instead of taking the offset from the sums of 16 (the same integer S). */
+T2 INL void kq2_rows(const kq2_dec *D, const int Q6, const int BIAS, const cpu_act *act, int64_t sb, int64_t r0,
+                     const int NT, float *acc) {
     const int8_t *x0 = act->qs + r0 * act->n_in + sb * QK_K; /* row r at + r * n_in */
+    const uint8_t *xu0 = act->qsu + r0 * act->n_in + sb * QK_K;
     const int64_t n = act->n_in;
     __m256i S[KQ2_NT];
 #pragma GCC unroll 4
-    for (int r = 0; r < NT; r++) S[r] = _mm256_setzero_si256();
+    for (int r = 0; r < NT; r++) S[r] = BIAS ? D->nk : _mm256_setzero_si256();
     /* Q4_K: 8 sub-blocks of 8 dwords, one int16 sum each; Q6_K: 32 half sub-blocks of 2 dwords */
     const int nsum = Q6 ? 32 : 8, per = Q6 ? 2 : 8;
 #pragma GCC unroll 1
@@ -275,7 +281,8 @@ T2 INL void kq2_rows(const kq2_dec *D, const int Q6, const cpu_act *act, int64_t
             __asm__("" : "+x"(wv)); /* one load, NT uses */
 #pragma GCC unroll 4
             for (int r = 0; r < NT; r++) {
-                const __m256i pr = _mm256_maddubs_epi16(wv, bcast32_2(x0 + r * n + 4 * (per * j + k)));
+                const __m256i pr = BIAS ? _mm256_maddubs_epi16(bcast32_2(xu0 + r * n + 4 * (per * j + k)), wv)
+                                        : _mm256_maddubs_epi16(wv, bcast32_2(x0 + r * n + 4 * (per * j + k)));
                 s16[r] = k == 0 ? pr : _mm256_add_epi16(s16[r], pr);
             }
         }
@@ -288,7 +295,7 @@ T2 INL void kq2_rows(const kq2_dec *D, const int Q6, const cpu_act *act, int64_t
 #pragma GCC unroll 4
     for (int r = 0; r < NT; r++) M[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-    for (int q = 0; q < 8; q++) {
+    for (int q = 0; q < 8 && !BIAS; q++) {
 #pragma GCC unroll 4
         for (int r = 0; r < NT; r++) {
             const __m256i t = _mm256_madd_epi16(D->mp[q], bcast32_2(act->bsums + (r0 + r) * (n / 16) + sb * 16 + 2 * q));
@@ -327,6 +334,12 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
     const __m256i low = _mm256_set1_epi8(0x0f);
     __m256 d, dmin = _mm256_setzero_ps();
     if (Q6) {
+        /* biased activations: S starts from the record's NK, no offset from the sums of 16 */
+        const uint8_t *xu0 = act->qsu + r0 * n + sb * QK_K; /* row r at + r * n */
+        const __m256i nk = _mm256_loadu_si256((const __m256i *)(R + CPU_KQ_X16_Q6K_NK + 32 * h));
+        const __m256i off32 = _mm256_set1_epi8(32);
+#pragma GCC unroll 4
+        for (int r = 0; r < NT; r++) S[r] = nk;
         d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(R + 16 * h)));
 #pragma GCC unroll 1
         for (int j = 0; j < 16; j++) { /* sub-block j: value vectors 4 j .. 4 j + 3 (Q6K_X16V) */
@@ -335,6 +348,8 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
             const __m256i scp = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b8, b8));
             __m256i wv[4];
             q6K_x16v_vecs(R, j, h, wv);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) wv[k] = _mm256_sub_epi8(wv[k], off32); /* q, the signed operand */
 #pragma GCC unroll 2
             for (int t = 0; t < 2; t++) { /* value vectors v0 = 4 j + 2 t and v0 + 1 */
                 const int v0 = 4 * j + 2 * t;
@@ -342,9 +357,9 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
                 if (PF && li < lend) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
 #pragma GCC unroll 4
                 for (int r = 0; r < NT; r++) {
-                    const int8_t *xr = x0 + r * n + 4 * v0;
-                    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(wv[2 * t], bcast32_2(xr)),
-                                                         _mm256_maddubs_epi16(wv[2 * t + 1], bcast32_2(xr + 4)));
+                    const uint8_t *xr = xu0 + r * n + 4 * v0;
+                    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(bcast32_2(xr), wv[2 * t]),
+                                                         _mm256_maddubs_epi16(bcast32_2(xr + 4), wv[2 * t + 1]));
                     S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(s16, scp));
                 }
             }
@@ -386,33 +401,16 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
             }
         }
     }
-    /* mins (Q4_K: m_2p bs32_2p + m_2p+1 bs32_2p+1, against the sums of 32: 4 madd per row instead
-     * of 8) or the -32 offset (Q6_K: -32 sc (bs_2q, bs_2q+1)) */
-    const int nq = Q6 ? 8 : 4;
+    /* Q4_K's mins: m_2p bs32_2p + m_2p+1 bs32_2p+1 against the sums of 32 (4 madd per row instead
+     * of 8) */
 #pragma GCC unroll 1
-    for (int q = 0; q < nq; q++) {
-        __m256i mp;
-        const int16_t *bsq; /* the activation pair of row r at + r * (Q6 ? n / 16 : n / 32) */
-        if (Q6) { /* (sc_2q, sc_2q+1) int16 pairs per lane; the product times -32 below */
-            const __m128i a8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q) + 8 * h));
-            const __m128i b8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * (2 * q + 1) + 8 * h));
-            mp = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a8, b8));
-            bsq = act->bsums + r0 * (n / 16) + sb * 16 + 2 * q;
-        } else { /* (m_2q, m_2q+1) pairs */
-            const __m128i a8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * (2 * q) + 8 * h));
-            const __m128i b8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * (2 * q + 1) + 8 * h));
-            mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a8, b8));
-            bsq = act->bsums32 + r0 * (n / 32) + sb * 8 + 2 * q;
-        }
+    for (int q = 0; q < 4 && !Q6; q++) {
+        const __m128i a8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * (2 * q) + 8 * h));
+        const __m128i b8 = _mm_loadl_epi64((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * (2 * q + 1) + 8 * h));
+        const __m256i mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a8, b8)); /* (m_2q, m_2q+1) pairs */
+        const int16_t *bsq = act->bsums32 + r0 * (n / 32) + sb * 8 + 2 * q; /* row r at + r * (n / 32) */
 #pragma GCC unroll 4
-        for (int r = 0; r < NT; r++) {
-            const __m256i t = _mm256_madd_epi16(mp, bcast32_2(bsq + r * (Q6 ? n / 16 : n / 32)));
-            if (Q6) {
-                S[r] = _mm256_sub_epi32(S[r], _mm256_slli_epi32(t, 5)); /* -32 sc (bs_2q, bs_2q+1) */
-            } else {
-                M[r] = _mm256_add_epi32(M[r], t);
-            }
-        }
+        for (int r = 0; r < NT; r++) M[r] = _mm256_add_epi32(M[r], _mm256_madd_epi16(mp, bcast32_2(bsq + r * (n / 32))));
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NT; r++) {
@@ -488,10 +486,10 @@ T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const int X16,
                     const int nt = nrc - rt >= KQ2_NT ? KQ2_NT : (int)(nrc - rt);
                     float *a = acc + 8 * rt;
                     switch (nt) {
-                    case 1: kq2_rows(&D, Q6, act, sb, rc + rt, 1, a); break;
-                    case 2: kq2_rows(&D, Q6, act, sb, rc + rt, 2, a); break;
-                    case 3: kq2_rows(&D, Q6, act, sb, rc + rt, 3, a); break;
-                    default: kq2_rows(&D, Q6, act, sb, rc + rt, 4, a); break;
+                    case 1: kq2_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 1, a); break;
+                    case 2: kq2_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 2, a); break;
+                    case 3: kq2_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 3, a); break;
+                    default: kq2_rows(&D, Q6, Q6 && X16, act, sb, rc + rt, 4, a); break;
                     }
                 }
             }

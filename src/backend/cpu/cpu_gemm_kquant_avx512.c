@@ -9,9 +9,10 @@
  * the lane's scale, so the integer work is about one vpdpbusd per 64 multiply-adds (the former
  * two-rows-per-vector kernel needed a vpdpwssd per vpdpbusd). Register tiles of up to 8 activation
  * rows share each weight vector. The Q4_K mins and the Q6_K -32 offset come from the Q8_K sums of
- * 16 (vpdpwssd with int16 pairs per lane); in the fused Q4_K path from the sums of 32. The fused
- * Q6_K path needs no sums: its weights q are the signed operand and the activations q8 + 128
- * (act->qsu) the unsigned one, and the 128 sum q that adds is the record's NK (docs/quantization.md).
+ * 16 (vpdpwssd with int16 pairs per lane); in the fused Q4_K path from the sums of 32. Packed
+ * Q6_K (fused and buffer paths) needs no sums: its weights q are the signed operand and the
+ * activations q8 + 128 (act->qsu) the unsigned one, and the 128 sum q that adds is the record's
+ * NK (docs/quantization.md).
  * Packed (KQ_X16) sweeps (a call's rows go in sweeps of up to KQ_RCHUNK) of Q4_K, and of Q6_K
  * with <= 24 rows (KQ_FUSED_Q4 / KQ_FUSED_Q6), skip the buffer: kq_fused_rows decodes the record
  * in registers per tile of up to 8 rows and multiplies at once. Zen 5, one thread,
@@ -75,7 +76,7 @@
 
 /* One super-block of a group of 16 weight rows; lane i = weight row i of the group. */
 typedef struct kq_dec {
-    __m512i w[64];  /* w[v]: values 4v .. 4v+3 (unsigned bytes: Q4_K 0..15, Q6_K 0..63) */
+    __m512i w[64];  /* w[v]: values 4v .. 4v+3 (bytes: Q4_K 0..15, Q6_K 0..63; Q6_K from a record -32..31) */
     __m512i sc[16]; /* sub-block scales as int32: Q4_K 0..7 (6-bit), Q6_K 0..15 (int8) */
     __m512i mp[8];  /* int16 pairs against sums-of-16 pairs: Q4_K (m_j, m_j); Q6_K -32 (sc_2p, sc_2p+1) */
     __m512i nk;     /* Q6_K from a record (w then signed q, -32..31): its NK */
@@ -216,8 +217,9 @@ T512 INL void q6K_offsets(kq_dec *D) {
 }
 
 /* The 64 value vectors of a Q6_K super-block from its ql (dwords 0..31) and qh (dwords 0..15) in
- * lanes: value 4 v + e of lane i = byte e of D->w[v], q + 32 (0..63). */
-T512 INL void q6K_assemble(const __m512i ql[32], const __m512i qh[16], kq_dec *D) {
+ * lanes: value 4 v + e of lane i = byte e of D->w[v], q + 32 (0..63), or (SIGNED) q (-32..31). */
+T512 INL void q6K_assemble(const __m512i ql[32], const __m512i qh[16], const int SIGNED, kq_dec *D) {
+    const __m512i off = _mm512_set1_epi8(SIGNED ? 32 : 0);
 #pragma GCC unroll 2
     for (int n = 0; n < 2; n++) {
 #pragma GCC unroll 4
@@ -226,7 +228,8 @@ T512 INL void q6K_assemble(const __m512i ql[32], const __m512i qh[16], kq_dec *D
             for (int ll = 0; ll < 8; ll++) {
                 /* values 128 n + 32 s + 4 ll: ql dword 16 n + 8 (s & 1) + ll (nibble s >> 1), qh dword
                  * 8 n + ll (bits 2 s, 2 s + 1 of each byte) */
-                D->w[32 * n + 8 * s + ll] = q6K_vec(ql[16 * n + 8 * (s & 1) + ll], qh[8 * n + ll], s);
+                const __m512i v = q6K_vec(ql[16 * n + 8 * (s & 1) + ll], qh[8 * n + ll], s);
+                D->w[32 * n + 8 * s + ll] = SIGNED ? _mm512_sub_epi8(v, off) : v;
             }
         }
     }
@@ -249,7 +252,7 @@ T512 INL void q6K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
     load_t16(p, base + offsetof(block_q6_K, ql), ql);
     load_t16(p, base + offsetof(block_q6_K, ql) + 64, ql + 16);
     load_t16(p, base + offsetof(block_q6_K, qh), qh);
-    q6K_assemble(ql, qh, D);
+    q6K_assemble(ql, qh, 0, D);
 }
 
 /* The same decodes from a KQ_X16 record (cpu_pack.c), whose lanes are already row by row: loads,
@@ -285,10 +288,7 @@ T512 INL void q6K_decode_x16(const uint8_t *R, kq_dec *D) {
     }
     D->nk = _mm512_load_si512(R + CPU_KQ_X16_Q6K_NK);
     /* the record's ql / qh vectors are the transposes' output already (64-byte aligned) */
-    q6K_assemble((const __m512i *)(R + CPU_KQ_X16_Q6K_QL), (const __m512i *)(R + CPU_KQ_X16_Q6K_QH), D);
-    const __m512i off32 = _mm512_set1_epi8(32);
-#pragma GCC unroll 64
-    for (int v = 0; v < 64; v++) D->w[v] = _mm512_sub_epi8(D->w[v], off32);
+    q6K_assemble((const __m512i *)(R + CPU_KQ_X16_Q6K_QL), (const __m512i *)(R + CPU_KQ_X16_Q6K_QH), 1, D);
 }
 
 /* ---- the row tiles ---------------------------------------------------------------------------- */

@@ -367,10 +367,12 @@ TEST(gemm_kq_x16_model_same_logits) {
     dfl_model_free(m);
 }
 
-/* The AMX-INT8 Q4_K kernel (cpu_gemm_q4k_amx.c) against the AVX-512 VNNI kernel on the same packed
- * weights, bit for bit: row ranges that start anywhere and hold 16..80 rows (whole tiles, with a
- * remainder for the VNNI kernel), output ranges from any group, random and extreme blocks (scales
- * and mins at 63, every activation at +-127: the largest tile sums). Needs AMX: skipped without. */
+/* The AMX-INT8 Q4_K / Q6_K kernels (cpu_gemm_kquant_amx.c) against the AVX-512 VNNI kernels on the
+ * same packed weights, bit for bit: row ranges that start anywhere and hold 5..80 rows (whole
+ * tiles, smaller last tiles, calls below AMX_MIN_ROWS for the VNNI kernel), output ranges from any group, random and extreme
+ * blocks (Q4_K scales and mins at 63; Q6_K scales at -128 with every value at 31, and at -32: the
+ * largest products, -3968 and 4096, whose hi bytes are -16 and 16), every activation at +-127
+ * (the largest tile sums). Needs AMX: skipped without. */
 TEST(gemm_kq_x16_amx_same_bits_as_vnni) {
     if (!(cpu_features_detect() & BACKEND_CPU_FEATURE_AMX_INT8) || !level_available(2)) {
         test_skip(t, "no AMX-INT8 (or no AVX-512 VNNI) on this CPU");
@@ -379,43 +381,57 @@ TEST(gemm_kq_x16_amx_same_bits_as_vnni) {
     cpu_kernels k;
     cpu_kernels_select(&k, cpu_features_detect());
     CHECK(k.matmul_packed[QUANT_TYPE_Q4_K] == cpu_mm_q4_K_x16_amx);
+    CHECK(k.matmul_packed[QUANT_TYPE_Q6_K] == cpu_mm_q6_K_x16_amx);
     rng r = {77};
     static const int64_t n_ins[3] = {256, 1024, 2816};
-    static const int64_t rows[5][2] = {{0, 16}, {3, 16}, {5, 35}, {0, 64}, {1, 80}}; /* r0, nr */
-    for (int ni = 0; ni < 3; ni++) {
-        for (int e = 0; e < 2; e++) {
-            const int64_t n_in = n_ins[ni], n_out = 45, n_rows = 81;
-            void *w = make_kq_weight(&r, QUANT_TYPE_Q4_K, n_in, n_out, e == 1);
-            float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
-            float *y0 = malloc((size_t)(n_out * n_rows) * sizeof(float));
-            float *y1 = malloc((size_t)(n_out * n_rows) * sizeof(float));
-            REQUIRE(w && x && y0 && y1);
-            fill_f32(&r, x, n_in * n_rows, 2.0f);
-            if (e == 1) {
-                for (int64_t i = 0; i < n_in * n_rows; i++) x[i] = (i / 7) % 3 == 0 ? -1.5f : 1.5f;
-            }
-            cpu_act act;
-            void *mem = prep_act(&k, QUANT_TYPE_Q4_K, &act, x, n_in, n_rows);
-            tensor tp;
-            uint8_t *p = kx_pack(&k, QUANT_TYPE_Q4_K, w, n_in, n_out, &tp);
-            for (int ri = 0; ri < 5; ri++) {
-                for (int oi = 0; oi < 2; oi++) {
-                    const int64_t r0 = rows[ri][0], nr = rows[ri][1], o0 = oi == 0 ? 0 : 16;
-                    memset(y0, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
-                    memset(y1, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
-                    cpu_mm_q4_K_x16_avx512(p, tp.nb[1], &act, r0, nr, y0, n_out, o0, n_out);
-                    cpu_mm_q4_K_x16_amx(p, tp.nb[1], &act, r0, nr, y1, n_out, o0, n_out);
-                    /* every element, the untouched (0xff) ones included */
-                    kx_cmp(t, y1, y0, n_out * n_rows, n_out, e ? "amx vs vnni (extreme)" : "amx vs vnni",
-                           QUANT_TYPE_Q4_K, n_in);
+    /* r0, nr: whole 16s (in pairs of tile sets and alone), with a last part of 3 or 4 rows on a
+     * smaller tile set, 8..15 rows (that smaller set only), 5 rows (the VNNI kernel) */
+    static const int64_t rows[9][2] = {{0, 16}, {3, 16}, {5, 35}, {0, 64}, {1, 80}, {7, 20}, {2, 9}, {0, 15}, {4, 5}};
+    for (int ti = 0; ti < 2; ti++) {
+        const uint32_t type = ti == 0 ? QUANT_TYPE_Q4_K : QUANT_TYPE_Q6_K;
+        cpu_matmul_fn vnni = ti == 0 ? cpu_mm_q4_K_x16_avx512 : cpu_mm_q6_K_x16_avx512;
+        cpu_matmul_fn amx = ti == 0 ? cpu_mm_q4_K_x16_amx : cpu_mm_q6_K_x16_amx;
+        for (int ni = 0; ni < 3; ni++) {
+            for (int e = 0; e < (ti == 0 ? 2 : 3); e++) {
+                const int64_t n_in = n_ins[ni], n_out = 45, n_rows = 81;
+                void *w = make_kq_weight(&r, type, n_in, n_out, e >= 1);
+                if (e == 2) { /* Q6_K: every value -32 (code 0) against the scale -128 */
+                    for (int64_t b = 0; b < n_out * (n_in / QK_K); b++) {
+                        block_q6_K *blk = (block_q6_K *)w + b;
+                        memset(blk->ql, 0, sizeof(blk->ql));
+                        memset(blk->qh, 0, sizeof(blk->qh));
+                    }
                 }
+                float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
+                float *y0 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+                float *y1 = malloc((size_t)(n_out * n_rows) * sizeof(float));
+                REQUIRE(w && x && y0 && y1);
+                fill_f32(&r, x, n_in * n_rows, 2.0f);
+                if (e >= 1) {
+                    for (int64_t i = 0; i < n_in * n_rows; i++) x[i] = (i / 7) % 3 == 0 ? -1.5f : 1.5f;
+                }
+                cpu_act act;
+                void *mem = prep_act(&k, type, &act, x, n_in, n_rows);
+                tensor tp;
+                uint8_t *p = kx_pack(&k, type, w, n_in, n_out, &tp);
+                for (int ri = 0; ri < 9; ri++) {
+                    for (int oi = 0; oi < 2; oi++) {
+                        const int64_t r0 = rows[ri][0], nr = rows[ri][1], o0 = oi == 0 ? 0 : 16;
+                        memset(y0, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
+                        memset(y1, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
+                        vnni(p, tp.nb[1], &act, r0, nr, y0, n_out, o0, n_out);
+                        amx(p, tp.nb[1], &act, r0, nr, y1, n_out, o0, n_out);
+                        /* every element, the untouched (0xff) ones included */
+                        kx_cmp(t, y1, y0, n_out * n_rows, n_out, e ? "amx vs vnni (extreme)" : "amx vs vnni", type, n_in);
+                    }
+                }
+                free(p);
+                free(mem);
+                free(y1);
+                free(y0);
+                free(x);
+                free(w);
             }
-            free(p);
-            free(mem);
-            free(y1);
-            free(y0);
-            free(x);
-            free(w);
         }
     }
 }

@@ -378,21 +378,27 @@ static void context_limits(const dfl_context *ctx, batch_limits *lim) {
     lim->encode_only = false;
 }
 
-/* Index of the first NaN or +-Inf in x[0..n), or -1 (exponent bits all ones; vectorizes). */
+/* True when x[0..NONFINITE_BLK) holds a NaN or +-Inf (exponent bits all ones). The trip count is a
+ * constant so that GCC's -O2 vectorizer takes the loop (with a variable one it stays scalar: 2.9
+ * ms of a 45 ms 16-row verify over a 151,936-token vocabulary went here). */
+#define NONFINITE_BLK 1024
+static bool block_has_nonfinite(const float *x) {
+    uint32_t any = 0;
+    for (int i = 0; i < NONFINITE_BLK; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof(u));
+        any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return any != 0;
+}
+
+/* Index of the first NaN or +-Inf in x[0..n), or -1. */
 static int64_t first_nonfinite(const float *x, int64_t n) {
-    const int64_t blk = 4096;
-    for (int64_t i0 = 0; i0 < n; i0 += blk) {
-        const int64_t i1 = i0 + blk < n ? i0 + blk : n;
-        uint32_t any = 0;
+    for (int64_t i0 = 0; i0 < n; i0 += NONFINITE_BLK) {
+        const int64_t i1 = i0 + NONFINITE_BLK < n ? i0 + NONFINITE_BLK : n;
+        if (i1 - i0 == NONFINITE_BLK && !block_has_nonfinite(x + i0)) continue;
         for (int64_t i = i0; i < i1; i++) {
-            uint32_t u;
-            memcpy(&u, &x[i], sizeof(u));
-            any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
-        }
-        if (any) {
-            for (int64_t i = i0; i < i1; i++) {
-                if (x[i] - x[i] != 0.0f) return i; /* NaN or Inf */
-            }
+            if (x[i] - x[i] != 0.0f) return i; /* NaN or Inf */
         }
     }
     return -1;

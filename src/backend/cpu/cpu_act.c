@@ -299,6 +299,8 @@ void cpu_kernels_select(cpu_kernels *k, uint32_t features) {
         (features & BACKEND_CPU_FEATURE_AMX_INT8)) {
         k->matmul_packed[QUANT_TYPE_Q4_K] = cpu_mm_q4_K_x16_amx;
         k->pack_layout[QUANT_TYPE_Q4_K] = TENSOR_LAYOUT_KQ_X16;
+        k->matmul_packed[QUANT_TYPE_Q6_K] = cpu_mm_q6_K_x16_amx;
+        k->pack_layout[QUANT_TYPE_Q6_K] = TENSOR_LAYOUT_KQ_X16;
         k->name = "avx512+amx";
     }
 #else

@@ -27,6 +27,7 @@
  * and the integer sums are exact whatever the order, so the bits do not depend on the tile size,
  * the row range, the output range or the lane a row lands in (tests/test_gemm_kquant.c). */
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_kquant_avx512.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -185,21 +186,6 @@ T512 INL void q4K_decode(const uint8_t *const p[16], int64_t sb, kq_dec *D) {
             D->w[8 * (2 * c2 + 1) + kk] = _mm512_and_si512(_mm512_srli_epi16(c[k], 4), low);
         }
     }
-}
-
-/* One Q6_K value vector, q + 32 (0..63) per byte: the nibble s >> 1 of the ql dwords l4 and the
- * bits 2 s, 2 s + 1 of each byte of the qh dwords hv (s = 0..3). */
-T512 INL __m512i q6K_vec(__m512i l4, __m512i hv, const int s) {
-    const __m512i low = _mm512_set1_epi8(0x0f), hmask = _mm512_set1_epi8(0x30);
-    const __m512i lo4 = s >= 2 ? _mm512_and_si512(_mm512_srli_epi16(l4, 4), low) : _mm512_and_si512(l4, low);
-    __m512i h2;
-    switch (s) {
-    case 0: h2 = _mm512_slli_epi16(hv, 4); break;
-    case 1: h2 = _mm512_slli_epi16(hv, 2); break;
-    case 2: h2 = hv; break;
-    default: h2 = _mm512_srli_epi16(hv, 2); break;
-    }
-    return _mm512_ternarylogic_epi32(lo4, h2, hmask, 0xF8); /* lo4 | (h2 & hmask) */
 }
 
 /* Q6_K's -32 offset of sub-blocks 2q, 2q+1 as int16 pairs (-32 sc_2q, -32 sc_2q+1) per lane,

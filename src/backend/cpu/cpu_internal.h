@@ -199,9 +199,11 @@ void cpu_mm_q4_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int
                             int64_t ds, int64_t o0, int64_t o1);
 void cpu_mm_q6_K_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                             int64_t ds, int64_t o0, int64_t o1);
-/* The AMX-INT8 Q4_K KQ_X16 kernel (cpu_gemm_q4k_amx.c): tiles for whole 16s of rows, the AVX-512
- * kernel for the rest; the AVX-512 kernel's bits. Requires BACKEND_CPU_FEATURE_AMX_INT8. */
+/* The AMX-INT8 Q4_K / Q6_K KQ_X16 kernels (cpu_gemm_kquant_amx.c): tiles for calls of 8+ rows, the
+ * AVX-512 kernel for fewer; the AVX-512 kernel's bits. Require BACKEND_CPU_FEATURE_AMX_INT8. */
 void cpu_mm_q4_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                         int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_q6_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                          int64_t ds, int64_t o0, int64_t o1);
 /* Scalar reference of the KQ_X16 and Q6K_X16V layouts (the f64 sums of cpu_matmul_q_ref on the
  * plain rows). */

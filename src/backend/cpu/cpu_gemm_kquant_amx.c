@@ -1,0 +1,342 @@
+/* cpu_gemm_kquant_amx.c: packed Q4_K / Q6_K x Q8_K matmul with AMX-INT8 tiles for batches of 16+
+ * activation rows, giving the bits of the AVX-512 VNNI kernels (cpu_gemm_kquant_avx512.c).
+ *
+ * Those kernels compute, per (weight row, activation row) and super-block, an exact int32 S (the
+ * sub-block scales times their integer dots) and for Q4_K an exact M (the mins times the sums of
+ * the activations), then acc = fma(f32(S), d dx, acc) (and acc = fnmadd(f32(M), dmin dx, acc)).
+ * Here S comes from the tile unit. A tile product accumulates whole rows of 64 bytes, which cross
+ * sub-blocks, so the scales go into the weight bytes, split so that every byte is a valid operand:
+ * - Q4_K: with sc = 16 h + l (l 0..15, h 0..3) the bytes q l (<= 225) and q h (<= 45) fit the
+ *   unsigned operand, and S = sum_k x_k q_k l_j(k) + 16 sum_k x_k q_k h_j(k): two tile products
+ *   over the super-block (tdpbsud: signed activations times unsigned weights);
+ * - Q6_K: the product P = sc_j q_k (sc int8, q -32..31: |P| <= 4096) is split into its low byte
+ *   as a signed value, lo = P - 256 hi, and hi = (P + 128) >> 8 (-16..16), and S = sum_k x_k lo_k +
+ *   256 sum_k x_k hi_k: two tile products (tdpbssd: both signed).
+ * Both are exact integers, so S is the VNNI kernel's S bit for bit (the Q6_K VNNI kernel forms the
+ * same integer from biased activations and the record's NK); M and the float steps are the VNNI
+ * kernel's code. The result is therefore the same for every row count and row range, and calls
+ * mix freely: those of fewer than AMX_MIN_ROWS rows go to the VNNI kernel.
+ *
+ * Tiles (all 16 rows x 64 bytes): A = 16 activation rows x 64 values (the Q8_K rows in place,
+ * stride n_in), B = 64 values x 16 weight rows in VNNI order (dword i of a row = 4 values of weight
+ * row i: the packed record's quant dwords after the scale multiply), C = [16 activation rows][16
+ * weight rows] int32, the VNNI kernel's accumulator layout. The tile intrinsics are asm statements
+ * without memory operands, so compiler barriers fence the vector code's stores before tile loads
+ * and the tile stores before vector loads (docs/quantization.md, "AMX-INT8 tiles"). */
+#include "backend/cpu/cpu_internal.h"
+#include "base/error.h"
+
+#if defined(__x86_64__)
+#include "backend/cpu/cpu_kquant_avx512.h"
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define TAMX                                                                                                      \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")))
+#define INL static inline __attribute__((always_inline))
+
+#define AMX_W 16        /* weight rows per group (the packed record's lanes) */
+#define AMX_TR 16       /* activation rows per tile */
+#define AMX_RCHUNK 64   /* activation rows per sweep of a group's super-blocks (acc in L1) */
+
+#ifndef AMX_PF_AHEAD
+#define AMX_PF_AHEAD 2
+#endif
+
+/* Calls of fewer rows than this go to the VNNI kernel; from it on, every row goes on tiles (a last
+ * part of fewer than 16 on set 1 configured with that many rows): one pass over the weights,
+ * where a VNNI pass for the rest would read a cold weight twice. Sapphire-Rapids-class VM, 2
+ * threads, [1024 x 3072] from cache, ms, VNNI for the rows past the whole 16s -> all on tiles:
+ * Q6_K 8 rows 0.096 -> 0.094, 12 rows 0.145 -> 0.099, 15 rows 0.169 -> 0.112, 20 rows 0.195 ->
+ * 0.138; Q4_K 8 rows 0.073 -> 0.067, 12 rows 0.116 -> 0.078; the cold 151,936-row Q6_K head at
+ * 20 rows 14.05 -> 9.67; 4 rows 0.064 (VNNI) against 0.086 (tiles). */
+#ifndef AMX_MIN_ROWS
+#define AMX_MIN_ROWS 8
+#endif
+
+/* Cache lines of a Q4_K / Q6_K KQ_X16 record (2368 / 3456 bytes, tensor_kq_x16_record_bytes). */
+#define AMX_Q4K_LINES 37
+#define AMX_Q6K_LINES 54
+
+#define AMX_BARRIER() __asm__ volatile("" ::: "memory")
+
+/* ldtilecfg's 64-byte operand: palette 1, tiles 0..7 all 16 rows x 64 bytes. */
+typedef struct amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+/* One super-block of a group: the tile operands and what the vector steps need. */
+typedef struct amx_dec {
+    uint8_t bl[4][1024] __attribute__((aligned(64))); /* B tiles, values 64 t .. 64 t + 63: Q4_K q l_j, Q6_K lo */
+    uint8_t bh[4][1024] __attribute__((aligned(64))); /* the same: Q4_K q h_j, Q6_K hi */
+    __m512i mp[8];  /* Q4_K: int16 pairs (m_j, m_j) against the Q8_K sums-of-16 pairs */
+    __m512 d, dmin; /* per lane (dmin: Q4_K) */
+} amx_dec;
+
+/* Touches lines [n_lines i / n, n_lines (i + 1) / n) of the record at pf: step i of n of a decode
+ * loop, so that a record's prefetches are spread over the loop (a burst of them at once waits for
+ * free fill buffers and stalls the decode). */
+TAMX INL void amx_prefetch_share(const char *pf, const int n_lines, const int i, const int n) {
+    for (int l = n_lines * i / n; l < n_lines * (i + 1) / n; l++) _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
+}
+
+/* The Q4_K record R (TENSOR_LAYOUT_KQ_X16, cpu_pack.c) of one super-block into D; touches the
+ * record at pf (amx_prefetch_share). */
+TAMX INL void amx_q4k_decode(const uint8_t *R, amx_dec *D, const char *pf) {
+    const int n_lines = AMX_Q4K_LINES;
+    const __m512i h0 = _mm512_load_si512(R);
+    D->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0));
+    D->dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h0, 16)));
+    __m512i L[8], H[8];
+    const __m512i m15 = _mm512_set1_epi32(15);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_SC + 16 * j)));
+        const __m512i l = _mm512_and_si512(sc, m15), h = _mm512_srli_epi32(sc, 4);
+        L[j] = _mm512_or_si512(l, _mm512_slli_epi32(l, 16)); /* the multiplier in both 16-bit halves */
+        H[j] = _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
+        const __m512i m = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * j)));
+        D->mp[j] = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+    }
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    __m512i *bl = (__m512i *)D->bl, *bh = (__m512i *)D->bh; /* vector v: values 4 v .. 4 v + 3 */
+#pragma GCC unroll 32
+    for (int q = 0; q < 32; q++) {
+        amx_prefetch_share(pf, n_lines, q, 32);
+        const __m512i c = _mm512_load_si512(R + CPU_KQ_X16_QS + 64 * q);
+        const int c2 = q / 8, kk = q % 8; /* qs dword q: values 64 c2 + 4 kk (low nibbles), + 32 (high) */
+        const __m512i lo = _mm512_and_si512(c, low), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);
+        /* a byte times l <= 225 (h <= 45): the 16-bit products never carry into the next byte */
+        bl[16 * c2 + kk] = _mm512_mullo_epi16(lo, L[2 * c2]);
+        bh[16 * c2 + kk] = _mm512_mullo_epi16(lo, H[2 * c2]);
+        bl[16 * c2 + 8 + kk] = _mm512_mullo_epi16(hi, L[2 * c2 + 1]);
+        bh[16 * c2 + 8 + kk] = _mm512_mullo_epi16(hi, H[2 * c2 + 1]);
+    }
+}
+
+/* The Q6_K record R (KQ_X16) of one super-block into D: per value, P = sc_j q (q -32..31) as the
+ * byte pair lo (P's low byte, signed) and hi = (P + 128) >> 8, so that P = lo + 256 hi. The 16-bit
+ * halves of a dword hold values 2m and 2m + 1: vpmaddubsw of the unsigned codes u = q + 32 (0..63)
+ * against (sc, 0) and (0, sc) byte pairs gives u sc exactly (|u sc| <= 8064), minus 32 sc - 128
+ * that is P + 128, whose high byte is hi and whose low byte is lo ^ 0x80. */
+TAMX INL void amx_q6k_decode(const uint8_t *R, amx_dec *D, const char *pf) {
+    const int n_lines = AMX_Q6K_LINES;
+    D->d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)R));
+    const __m512i *ql = (const __m512i *)(R + CPU_KQ_X16_Q6K_QL), *qh = (const __m512i *)(R + CPU_KQ_X16_Q6K_QH);
+    const __m512i m8 = _mm512_set1_epi32(0xff), w_lo = _mm512_set1_epi32(0x00ff00ff), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i c128 = _mm512_set1_epi32(128), m16 = _mm512_set1_epi32(0xffff);
+    __m512i *bl = (__m512i *)D->bl, *bh = (__m512i *)D->bh; /* vector v: values 4 v .. 4 v + 3 */
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++) {
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) {
+#pragma GCC unroll 2
+            for (int jj = 0; jj < 2; jj++) {
+                /* sub-block j = 8 n + 2 s + jj holds the value vectors v = 4 j .. 4 j + 3 */
+                const int j = 8 * n + 2 * s + jj;
+                const __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q6K_SC + 16 * j)));
+                const __m512i t = _mm512_and_si512(sc, m8);
+                const __m512i sce = _mm512_or_si512(t, _mm512_slli_epi32(t, 16)); /* bytes (sc, 0, sc, 0) */
+                const __m512i sco = _mm512_slli_epi32(sce, 8);                   /* bytes (0, sc, 0, sc) */
+                const __m512i k = _mm512_and_si512(_mm512_sub_epi32(_mm512_slli_epi32(sc, 5), c128), m16);
+                const __m512i kw = _mm512_or_si512(k, _mm512_slli_epi32(k, 16)); /* int16 32 sc - 128, both halves */
+#pragma GCC unroll 4
+                for (int l4 = 0; l4 < 4; l4++) {
+                    const int ll = 4 * jj + l4, v = 32 * n + 8 * s + ll;
+                    amx_prefetch_share(pf, n_lines, v, 64);
+                    /* values 4 v ..: ql dword 16 n + 8 (s & 1) + ll (nibble s >> 1), qh dword 8 n + ll */
+                    const __m512i u = q6K_vec(ql[16 * n + 8 * (s & 1) + ll], qh[8 * n + ll], s);
+                    const __m512i pe = _mm512_sub_epi16(_mm512_maddubs_epi16(u, sce), kw); /* P + 128, even values */
+                    const __m512i po = _mm512_sub_epi16(_mm512_maddubs_epi16(u, sco), kw); /* odd values */
+                    /* select: w_lo's bits from the first operand, the others from the second */
+                    bh[v] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(pe, 8), po, w_lo, 0xE4);
+                    bl[v] = _mm512_xor_si512(_mm512_ternarylogic_epi32(pe, _mm512_slli_epi16(po, 8), w_lo, 0xE4), flip);
+                }
+            }
+        }
+    }
+}
+
+TAMX INL __m512i amx_bcast32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* acc[16 (r - rc) + lane] += super-block sb for the activation rows of the stored C tiles cl / ch
+ * ([nrow rows][16 lanes] int32), rows ra .. ra + nrow - 1: the VNNI kernel's steps after its
+ * integer dots. Q6: S = cl + 256 ch and no mins, else S = cl + 16 ch and the Q4_K mins. */
+TAMX INL void amx_finish(const amx_dec *D, const int Q6, const cpu_act *act, int64_t sb, int64_t ra, int nrow,
+                         int64_t rc, const int32_t *cl, const int32_t *ch, float *acc) {
+    const int64_t nbs = act->n_in / 16, nsb = act->n_in / QK_K;
+#pragma GCC unroll 2
+    for (int r = 0; r < nrow; r++) {
+        const int64_t row = ra + r;
+        const __m512i S = _mm512_add_epi32(_mm512_load_si512(cl + 16 * r), _mm512_slli_epi32(_mm512_load_si512(ch + 16 * r), Q6 ? 8 : 4));
+        const __m512 dx = _mm512_set1_ps(act->d[row * nsb + sb]);
+        float *a = acc + 16 * (row - rc);
+        __m512 v = _mm512_load_ps(a);
+        v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(D->d, dx), v);
+        if (!Q6) {
+            const int16_t *bs = act->bsums + row * nbs + sb * 16;
+            __m512i M = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int q = 0; q < 8; q++) M = _mm512_dpwssd_epi32(M, D->mp[q], amx_bcast32(bs + 2 * q)); /* m_q (bs_2q + bs_2q+1) */
+            v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(D->dmin, dx), v);
+        }
+        _mm512_store_ps(a, v);
+    }
+}
+
+/* The tile products of super-block sb: set 0 (S0) for the 16 activation rows from ra (C tiles 0, 1,
+ * A tile 2), set 1 (S1) for the rows from ra1 (C tiles 5, 6, A tile 7: the 16 rows after set 0's,
+ * or a call's last rows, fewer than 16, as amx_rows configures them); B tiles 3 (bl), 4 (bh).
+ * Q6: tdpbssd, else tdpbsud. Stores set k's C tiles into c[k][0 / 1]. */
+TAMX INL void amx_tiles(const amx_dec *D, const int Q6, const cpu_act *act, int64_t sb, const int S0, int64_t ra,
+                        const int S1, int64_t ra1, int32_t c[2][2][256]) {
+    const size_t stride = (size_t)act->n_in;
+    const int8_t *x0 = act->qs + ra * act->n_in + sb * QK_K;
+    const int8_t *x1 = act->qs + ra1 * act->n_in + sb * QK_K;
+    if (S0) {
+        _tile_zero(0);
+        _tile_zero(1);
+    }
+    if (S1) {
+        _tile_zero(5);
+        _tile_zero(6);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) {
+        _tile_loadd(3, D->bl[t], 64);
+        _tile_loadd(4, D->bh[t], 64);
+        if (S0) {
+            _tile_loadd(2, x0 + 64 * t, stride);
+            if (Q6) {
+                _tile_dpbssd(0, 2, 3);
+                _tile_dpbssd(1, 2, 4);
+            } else {
+                _tile_dpbsud(0, 2, 3);
+                _tile_dpbsud(1, 2, 4);
+            }
+        }
+        if (S1) {
+            _tile_loadd(7, x1 + 64 * t, stride);
+            if (Q6) {
+                _tile_dpbssd(5, 7, 3);
+                _tile_dpbssd(6, 7, 4);
+            } else {
+                _tile_dpbsud(5, 7, 3);
+                _tile_dpbsud(6, 7, 4);
+            }
+        }
+    }
+    if (S0) {
+        _tile_stored(0, c[0][0], 64);
+        _tile_stored(1, c[0][1], 64);
+    }
+    if (S1) {
+        _tile_stored(5, c[1][0], 64);
+        _tile_stored(6, c[1][1], 64);
+    }
+    AMX_BARRIER(); /* the tile stores before the vector loads of c */
+}
+
+/* Rows r0 .. r0 + nr - 1 of the packed weight's outputs o0 .. o1 - 1. Whole 16s of rows go in
+ * pairs of tile sets sharing the B tiles; a last part of fewer than 16 rows (nr % 16) gets set 1
+ * configured with that many rows, and then the whole 16s go one set at a time. */
+TAMX INL void amx_rows(const void *w, size_t w_nb1, const int Q6, const cpu_act *act, int64_t r0, int64_t nr,
+                       float *dst, int64_t ds, int64_t o0, int64_t o1) {
+    const int64_t nsb = act->n_in / QK_K;
+    const size_t rec = tensor_kq_x16_record_bytes(Q6 ? QUANT_TYPE_Q6_K : QUANT_TYPE_Q4_K);
+    DFL_ASSERT(rec == 64 * (size_t)(Q6 ? AMX_Q6K_LINES : AMX_Q4K_LINES));
+    const int rem = (int)(nr % AMX_TR);
+    amx_dec D;
+    float acc[AMX_RCHUNK * 16] __attribute__((aligned(64)));
+    int32_t c[2][2][256] __attribute__((aligned(64)));
+    amx_cfg cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.colsb[i] = 64;
+        cfg.rows[i] = (uint8_t)(rem > 0 && i >= 5 ? rem : 16); /* set 1: C 5, 6 and A 7 */
+    }
+    _tile_loadconfig(&cfg);
+    for (int64_t o = o0; o < o1; o += AMX_W) {
+        const int nw = o1 - o >= AMX_W ? AMX_W : (int)(o1 - o);
+        const __mmask16 mask = (__mmask16)((1u << nw) - 1);
+        const uint8_t *grp = (const uint8_t *)w + (size_t)o * w_nb1; /* the group's first record */
+        for (int64_t rc = r0; rc < r0 + nr; rc += AMX_RCHUNK) {
+            const int64_t nrc = r0 + nr - rc >= AMX_RCHUNK ? AMX_RCHUNK : r0 + nr - rc;
+            const int64_t n16 = nrc / AMX_TR * AMX_TR; /* nrc - n16: rem in the last chunk, else 0 */
+            for (int64_t r = 0; r < nrc; r++) _mm512_store_ps(acc + 16 * r, _mm512_setzero_ps());
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                /* the record AMX_PF_AHEAD ahead (the next group's first ones at a group's end), into L2 */
+                const char *pf = (const char *)grp + (size_t)(sb + AMX_PF_AHEAD) * rec;
+                if (Q6) {
+                    amx_q6k_decode(grp + (size_t)sb * rec, &D, pf);
+                } else {
+                    amx_q4k_decode(grp + (size_t)sb * rec, &D, pf);
+                }
+                AMX_BARRIER(); /* the B tiles' vector stores before the tile loads */
+                int64_t g = 0;
+                for (; g < n16; g += AMX_TR) {
+                    const int64_t ra = rc + g;
+                    if (rem == 0 && n16 - g >= 2 * AMX_TR) {
+                        amx_tiles(&D, Q6, act, sb, 1, ra, 1, ra + AMX_TR, c);
+                        amx_finish(&D, Q6, act, sb, ra, AMX_TR, rc, c[0][0], c[0][1], acc);
+                        amx_finish(&D, Q6, act, sb, ra + AMX_TR, AMX_TR, rc, c[1][0], c[1][1], acc);
+                        g += AMX_TR;
+                    } else {
+                        amx_tiles(&D, Q6, act, sb, 1, ra, 0, ra, c);
+                        amx_finish(&D, Q6, act, sb, ra, AMX_TR, rc, c[0][0], c[0][1], acc);
+                    }
+                    AMX_BARRIER(); /* the vector loads of c before the next tile stores */
+                }
+                if (g < nrc) { /* the call's last rem rows */
+                    amx_tiles(&D, Q6, act, sb, 0, rc + g, 1, rc + g, c);
+                    amx_finish(&D, Q6, act, sb, rc + g, (int)(nrc - g), rc, c[1][0], c[1][1], acc);
+                    AMX_BARRIER();
+                }
+            }
+            for (int64_t r = 0; r < nrc; r++) _mm512_mask_storeu_ps(dst + (rc + r) * ds + o, mask, _mm512_load_ps(acc + 16 * r));
+        }
+    }
+    _tile_release();
+}
+
+TAMX static void amx_q4k_rows(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                              int64_t ds, int64_t o0, int64_t o1) {
+    amx_rows(w, w_nb1, 0, act, r0, nr, dst, ds, o0, o1);
+}
+
+TAMX static void amx_q6k_rows(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                              int64_t ds, int64_t o0, int64_t o1) {
+    amx_rows(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
+}
+
+void cpu_mm_q4_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                         int64_t ds, int64_t o0, int64_t o1) {
+    if (nr >= AMX_MIN_ROWS) amx_q4k_rows(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+    else cpu_mm_q4_K_x16_avx512(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+}
+
+void cpu_mm_q6_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                         int64_t ds, int64_t o0, int64_t o1) {
+    if (nr >= AMX_MIN_ROWS) amx_q6k_rows(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+    else cpu_mm_q6_K_x16_avx512(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+}
+
+#else
+void cpu_mm_q4_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                         int64_t ds, int64_t o0, int64_t o1) {
+    cpu_mm_q4_K_x16_avx512(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+}
+void cpu_mm_q6_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                         int64_t ds, int64_t o0, int64_t o1) {
+    cpu_mm_q6_K_x16_avx512(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+}
+#endif

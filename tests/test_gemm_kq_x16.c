@@ -385,8 +385,8 @@ TEST(gemm_kq_x16_amx_same_bits_as_vnni) {
     rng r = {77};
     static const int64_t n_ins[3] = {256, 1024, 2816};
     /* r0, nr: whole 16s (in pairs of tile sets and alone), with a last part of 3 or 4 rows on a
-     * smaller tile set, 8..15 rows (that smaller set only), 5 rows (the VNNI kernel) */
-    static const int64_t rows[9][2] = {{0, 16}, {3, 16}, {5, 35}, {0, 64}, {1, 80}, {7, 20}, {2, 9}, {0, 15}, {4, 5}};
+     * smaller tile set (67: after a full 64-row sweep of single sets), 8..15 rows (that smaller set only), 5 rows (the VNNI kernel) */
+    static const int64_t rows[10][2] = {{0, 16}, {3, 16}, {5, 35}, {0, 64}, {1, 80}, {0, 67}, {7, 20}, {2, 9}, {0, 15}, {4, 5}};
     for (int ti = 0; ti < 2; ti++) {
         const uint32_t type = ti == 0 ? QUANT_TYPE_Q4_K : QUANT_TYPE_Q6_K;
         cpu_matmul_fn vnni = ti == 0 ? cpu_mm_q4_K_x16_avx512 : cpu_mm_q6_K_x16_avx512;
@@ -414,7 +414,7 @@ TEST(gemm_kq_x16_amx_same_bits_as_vnni) {
                 void *mem = prep_act(&k, type, &act, x, n_in, n_rows);
                 tensor tp;
                 uint8_t *p = kx_pack(&k, type, w, n_in, n_out, &tp);
-                for (int ri = 0; ri < 9; ri++) {
+                for (int ri = 0; ri < 10; ri++) {
                     for (int oi = 0; oi < 2; oi++) {
                         const int64_t r0 = rows[ri][0], nr = rows[ri][1], o0 = oi == 0 ? 0 : 16;
                         memset(y0, 0xff, (size_t)(n_out * n_rows) * sizeof(float));

@@ -12,9 +12,10 @@
  * - Q6_K: the product P = sc_j q_k (sc int8, q -32..31: |P| <= 4096) is split into its low byte
  *   as a signed value, lo = P - 256 hi, and hi = (P + 128) >> 8 (-16..16), and S = sum_k x_k lo_k +
  *   256 sum_k x_k hi_k: two tile products (tdpbssd: both signed).
- * Both are exact integers, so S is the VNNI kernel's S bit for bit (the Q6_K VNNI kernel forms the
- * same integer from biased activations and the record's NK); M and the float steps are the VNNI
- * kernel's code. The result is therefore the same for every row count and row range, and calls
+ * Both splits give exact integers, so S is the VNNI kernel's S bit for bit (the Q6_K VNNI kernel
+ * forms the same integer from biased activations and the record's NK). The Q4_K mins M come from
+ * the Q8_K sums of 32 (act->bsums32), the same integer as the VNNI kernel's; the float steps are
+ * its code. The result is therefore the same for every row count and row range, and calls
  * mix freely: those of fewer than AMX_MIN_ROWS rows go to the VNNI kernel.
  *
  * Tiles (all 16 rows x 64 bytes): A = 16 activation rows x 64 values (the Q8_K rows in place,
@@ -73,7 +74,7 @@ typedef struct amx_cfg {
 typedef struct amx_dec {
     uint8_t bl[4][1024] __attribute__((aligned(64))); /* B tiles, values 64 t .. 64 t + 63: Q4_K q l_j, Q6_K lo */
     uint8_t bh[4][1024] __attribute__((aligned(64))); /* the same: Q4_K q h_j, Q6_K hi */
-    __m512i mp[8];  /* Q4_K: int16 pairs (m_j, m_j) against the Q8_K sums-of-16 pairs */
+    __m512i mp[4];  /* Q4_K: int16 pairs (m_2p, m_2p+1) against the Q8_K sums-of-32 pairs */
     __m512 d, dmin; /* per lane (dmin: Q4_K) */
 } amx_dec;
 
@@ -99,8 +100,12 @@ TAMX INL void amx_q4k_decode(const uint8_t *R, amx_dec *D, const char *pf) {
         const __m512i l = _mm512_and_si512(sc, m15), h = _mm512_srli_epi32(sc, 4);
         L[j] = _mm512_or_si512(l, _mm512_slli_epi32(l, 16)); /* the multiplier in both 16-bit halves */
         H[j] = _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
-        const __m512i m = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * j)));
-        D->mp[j] = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; p++) {
+        const __m512i ma = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * (2 * p))));
+        const __m512i mb = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(R + CPU_KQ_X16_Q4K_M + 16 * (2 * p + 1))));
+        D->mp[p] = _mm512_or_si512(ma, _mm512_slli_epi32(mb, 16));
     }
     const __m512i low = _mm512_set1_epi8(0x0f);
     __m512i *bl = (__m512i *)D->bl, *bh = (__m512i *)D->bh; /* vector v: values 4 v .. 4 v + 3 */
@@ -172,7 +177,7 @@ TAMX INL __m512i amx_bcast32(const void *p) {
  * integer dots. Q6: S = cl + 256 ch and no mins, else S = cl + 16 ch and the Q4_K mins. */
 TAMX INL void amx_finish(const amx_dec *D, const int Q6, const cpu_act *act, int64_t sb, int64_t ra, int nrow,
                          int64_t rc, const int32_t *cl, const int32_t *ch, float *acc) {
-    const int64_t nbs = act->n_in / 16, nsb = act->n_in / QK_K;
+    const int64_t nb32 = act->n_in / 32, nsb = act->n_in / QK_K;
 #pragma GCC unroll 2
     for (int r = 0; r < nrow; r++) {
         const int64_t row = ra + r;
@@ -182,10 +187,10 @@ TAMX INL void amx_finish(const amx_dec *D, const int Q6, const cpu_act *act, int
         __m512 v = _mm512_load_ps(a);
         v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(D->d, dx), v);
         if (!Q6) {
-            const int16_t *bs = act->bsums + row * nbs + sb * 16;
+            const int16_t *b32 = act->bsums32 + row * nb32 + sb * 8;
             __m512i M = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int q = 0; q < 8; q++) M = _mm512_dpwssd_epi32(M, D->mp[q], amx_bcast32(bs + 2 * q)); /* m_q (bs_2q + bs_2q+1) */
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) M = _mm512_dpwssd_epi32(M, D->mp[p], amx_bcast32(b32 + 2 * p)); /* m_2p bs32_2p + m_2p+1 bs32_2p+1 */
             v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(D->dmin, dx), v);
         }
         _mm512_store_ps(a, v);

@@ -140,6 +140,9 @@ void fwd_attention_core(dfl_context *ctx, int64_t il, tensor h, tensor out, int6
     tensor qm = tensor_reshape_2d(&s->q, hd_k * hp->n_head, ctx->n_ub);
     qm = tensor_rows(&qm, 0, n);
     op_matmul(q, qm, L->wq, h);
+    /* k, v -> cache; their matmuls right after q's, so that the three share h's prepared
+     * activations (the CPU backend reuses them for consecutive matmuls of one input) */
+    fwd_write_kv(ctx, il, h, n);
     if (L->has_qk_norm) {
         tensor qh = tensor_reshape_2d(&qm, hd_k, hp->n_head * n);
         op_rmsnorm(q, qh, qh, &L->q_norm, hp->norm_eps);
@@ -147,8 +150,6 @@ void fwd_attention_core(dfl_context *ctx, int64_t il, tensor h, tensor out, int6
     tensor q3 = tensor_reshape_3d(&qm, hd_k, hp->n_head, n);
     if (hp->arch == DFL_ARCH_LLAMA) op_rope_norm(q, q3, q3, fwd_vec_head(&s->pos, n), hp->rope_freq_base, 0);
     else op_rope_neox(q, q3, q3, fwd_vec_head(&s->pos, n), hp->rope_freq_base, 0);
-    /* k, v -> cache */
-    fwd_write_kv(ctx, il, h, n);
     /* attention per sequence group over its cells [0, n_kv) */
     tensor att = tensor_reshape_2d(&s->att, hd_v * hp->n_head, ctx->n_ub);
     att = tensor_rows(&att, 0, n);                                         /* [n_head*hd_v, n] */

@@ -42,8 +42,12 @@
 #define AMX_TR 16       /* activation rows per tile */
 #define AMX_RCHUNK 64   /* activation rows per sweep of a group's super-blocks (acc in L1) */
 
+/* Records are prefetched into L2 AMX_PF_AHEAD super-blocks ahead and into L1 one ahead (the
+ * next group's first ones at a group's end). SPR-class VM, 2 threads, [1024 x 3072] Q4_K at 16
+ * rows from memory, ms, 3 alternated rounds: L2 2 ahead 0.138-0.144, L2 4 + L1 1 ahead
+ * 0.132-0.133, L2 8 + L1 1 0.130-0.137; L2 only, 2 / 4 / 8 / 16 ahead, within 10% of each other. */
 #ifndef AMX_PF_AHEAD
-#define AMX_PF_AHEAD 2
+#define AMX_PF_AHEAD 4
 #endif
 
 /* Calls of fewer rows than this go to the VNNI kernel; from it on, every row goes on tiles (a last
@@ -78,16 +82,20 @@ typedef struct amx_dec {
     __m512 d, dmin; /* per lane (dmin: Q4_K) */
 } amx_dec;
 
-/* Touches lines [n_lines i / n, n_lines (i + 1) / n) of the record at pf: step i of n of a decode
- * loop, so that a record's prefetches are spread over the loop (a burst of them at once waits for
- * free fill buffers and stalls the decode). */
-TAMX INL void amx_prefetch_share(const char *pf, const int n_lines, const int i, const int n) {
-    for (int l = n_lines * i / n; l < n_lines * (i + 1) / n; l++) _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
+/* Touches lines [n_lines i / n, n_lines (i + 1) / n) of the records at far (into L2) and near
+ * (into L1): step i of n of a decode loop, so that a record's prefetches are spread over the loop
+ * (a burst of them at once waits for free fill buffers and stalls the decode). */
+TAMX INL void amx_prefetch_share(const char *far, const char *near, const int n_lines, const int i, const int n) {
+    for (int l = n_lines * i / n; l < n_lines * (i + 1) / n; l++) {
+        _mm_prefetch(far + 64 * l, _MM_HINT_T1);
+        _mm_prefetch(near + 64 * l, _MM_HINT_T0);
+    }
 }
 
 /* The Q4_K record R (TENSOR_LAYOUT_KQ_X16, cpu_pack.c) of one super-block into D; touches the
- * record at pf (amx_prefetch_share). */
-TAMX INL void amx_q4k_decode(const uint8_t *R, amx_dec *D, const char *pf) {
+ * records AMX_PF_AHEAD and 1 ahead (amx_prefetch_share). */
+TAMX INL void amx_q4k_decode(const uint8_t *R, amx_dec *D) {
+    const char *far = (const char *)R + AMX_PF_AHEAD * 64 * AMX_Q4K_LINES, *near = (const char *)R + 64 * AMX_Q4K_LINES;
     const int n_lines = AMX_Q4K_LINES;
     const __m512i h0 = _mm512_load_si512(R);
     D->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0));
@@ -111,7 +119,7 @@ TAMX INL void amx_q4k_decode(const uint8_t *R, amx_dec *D, const char *pf) {
     __m512i *bl = (__m512i *)D->bl, *bh = (__m512i *)D->bh; /* vector v: values 4 v .. 4 v + 3 */
 #pragma GCC unroll 32
     for (int q = 0; q < 32; q++) {
-        amx_prefetch_share(pf, n_lines, q, 32);
+        amx_prefetch_share(far, near, n_lines, q, 32);
         const __m512i c = _mm512_load_si512(R + CPU_KQ_X16_QS + 64 * q);
         const int c2 = q / 8, kk = q % 8; /* qs dword q: values 64 c2 + 4 kk (low nibbles), + 32 (high) */
         const __m512i lo = _mm512_and_si512(c, low), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);
@@ -128,7 +136,8 @@ TAMX INL void amx_q4k_decode(const uint8_t *R, amx_dec *D, const char *pf) {
  * halves of a dword hold values 2m and 2m + 1: vpmaddubsw of the unsigned codes u = q + 32 (0..63)
  * against (sc, 0) and (0, sc) byte pairs gives u sc exactly (|u sc| <= 8064), minus 32 sc - 128
  * that is P + 128, whose high byte is hi and whose low byte is lo ^ 0x80. */
-TAMX INL void amx_q6k_decode(const uint8_t *R, amx_dec *D, const char *pf) {
+TAMX INL void amx_q6k_decode(const uint8_t *R, amx_dec *D) {
+    const char *far = (const char *)R + AMX_PF_AHEAD * 64 * AMX_Q6K_LINES, *near = (const char *)R + 64 * AMX_Q6K_LINES;
     const int n_lines = AMX_Q6K_LINES;
     D->d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)R));
     const __m512i *ql = (const __m512i *)(R + CPU_KQ_X16_Q6K_QL), *qh = (const __m512i *)(R + CPU_KQ_X16_Q6K_QH);
@@ -152,7 +161,7 @@ TAMX INL void amx_q6k_decode(const uint8_t *R, amx_dec *D, const char *pf) {
 #pragma GCC unroll 4
                 for (int l4 = 0; l4 < 4; l4++) {
                     const int ll = 4 * jj + l4, v = 32 * n + 8 * s + ll;
-                    amx_prefetch_share(pf, n_lines, v, 64);
+                    amx_prefetch_share(far, near, n_lines, v, 64);
                     /* values 4 v ..: ql dword 16 n + 8 (s & 1) + ll (nibble s >> 1), qh dword 8 n + ll */
                     const __m512i u = q6K_vec(ql[16 * n + 8 * (s & 1) + ll], qh[8 * n + ll], s);
                     const __m512i pe = _mm512_sub_epi16(_mm512_maddubs_epi16(u, sce), kw); /* P + 128, even values */
@@ -279,12 +288,10 @@ TAMX INL void amx_rows(const void *w, size_t w_nb1, const int Q6, const cpu_act 
             const int64_t n16 = nrc / AMX_TR * AMX_TR; /* nrc - n16: rem in the last chunk, else 0 */
             for (int64_t r = 0; r < nrc; r++) _mm512_store_ps(acc + 16 * r, _mm512_setzero_ps());
             for (int64_t sb = 0; sb < nsb; sb++) {
-                /* the record AMX_PF_AHEAD ahead (the next group's first ones at a group's end), into L2 */
-                const char *pf = (const char *)grp + (size_t)(sb + AMX_PF_AHEAD) * rec;
                 if (Q6) {
-                    amx_q6k_decode(grp + (size_t)sb * rec, &D, pf);
+                    amx_q6k_decode(grp + (size_t)sb * rec, &D);
                 } else {
-                    amx_q4k_decode(grp + (size_t)sb * rec, &D, pf);
+                    amx_q4k_decode(grp + (size_t)sb * rec, &D);
                 }
                 AMX_BARRIER(); /* the B tiles' vector stores before the tile loads */
                 int64_t g = 0;

@@ -368,7 +368,7 @@ TEST(gemm_kq_x16_model_same_logits) {
 }
 
 /* The AMX-INT8 Q4_K / Q6_K kernels (cpu_gemm_kquant_amx.c) against the AVX-512 VNNI kernels on the
- * same packed weights, bit for bit: row ranges that start anywhere and hold 5..80 rows (whole
+ * same packed weights, bit for bit: row ranges that start anywhere and hold 5..290 rows (whole
  * tiles, smaller last tiles, calls below AMX_MIN_ROWS for the VNNI kernel), output ranges from any group, random and extreme
  * blocks (Q4_K scales and mins at 63; Q6_K scales at -128 with every value at 31, and at -32: the
  * largest products, -3968 and 4096, whose hi bytes are -16 and 16), every activation at +-127
@@ -384,16 +384,18 @@ TEST(gemm_kq_x16_amx_same_bits_as_vnni) {
     CHECK(k.matmul_packed[QUANT_TYPE_Q6_K] == cpu_mm_q6_K_x16_amx);
     rng r = {77};
     static const int64_t n_ins[3] = {256, 1024, 2816};
-    /* r0, nr: whole 16s (in pairs of tile sets and alone), with a last part of 3 or 4 rows on a
-     * smaller tile set (67: after a full 64-row sweep of single sets), 8..15 rows (that smaller set only), 5 rows (the VNNI kernel) */
-    static const int64_t rows[10][2] = {{0, 16}, {3, 16}, {5, 35}, {0, 64}, {1, 80}, {0, 67}, {7, 20}, {2, 9}, {0, 15}, {4, 5}};
+    /* r0, nr: whole 16s (in pairs of tile sets and alone), with a last part of 2..4 rows on a
+     * smaller tile set (67: after single sets; 290: two sweeps of AMX_RCHUNK 256), 8..15 rows
+     * (that smaller set only), 5 rows (the VNNI kernel) */
+    static const int64_t rows[12][2] = {{0, 16},  {3, 16}, {5, 35}, {0, 64}, {1, 80}, {0, 67},
+                                        {0, 256}, {1, 290}, {7, 20}, {2, 9},  {0, 15}, {4, 5}};
     for (int ti = 0; ti < 2; ti++) {
         const uint32_t type = ti == 0 ? QUANT_TYPE_Q4_K : QUANT_TYPE_Q6_K;
         cpu_matmul_fn vnni = ti == 0 ? cpu_mm_q4_K_x16_avx512 : cpu_mm_q6_K_x16_avx512;
         cpu_matmul_fn amx = ti == 0 ? cpu_mm_q4_K_x16_amx : cpu_mm_q6_K_x16_amx;
         for (int ni = 0; ni < 3; ni++) {
             for (int e = 0; e < (ti == 0 ? 2 : 3); e++) {
-                const int64_t n_in = n_ins[ni], n_out = 45, n_rows = 81;
+                const int64_t n_in = n_ins[ni], n_out = 45, n_rows = 291;
                 void *w = make_kq_weight(&r, type, n_in, n_out, e >= 1);
                 if (e == 2) { /* Q6_K: every value -32 (code 0) against the scale -128 */
                     for (int64_t b = 0; b < n_out * (n_in / QK_K); b++) {
@@ -414,7 +416,7 @@ TEST(gemm_kq_x16_amx_same_bits_as_vnni) {
                 void *mem = prep_act(&k, type, &act, x, n_in, n_rows);
                 tensor tp;
                 uint8_t *p = kx_pack(&k, type, w, n_in, n_out, &tp);
-                for (int ri = 0; ri < 10; ri++) {
+                for (int ri = 0; ri < 12; ri++) {
                     for (int oi = 0; oi < 2; oi++) {
                         const int64_t r0 = rows[ri][0], nr = rows[ri][1], o0 = oi == 0 ? 0 : 16;
                         memset(y0, 0xff, (size_t)(n_out * n_rows) * sizeof(float));

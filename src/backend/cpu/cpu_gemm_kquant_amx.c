@@ -199,7 +199,7 @@ TAMX INL void amx_finish(const amx_dec *D, const int Q6, const cpu_act *act, int
         const __m512i S = _mm512_add_epi32(_mm512_load_si512(cl + 16 * r), _mm512_slli_epi32(_mm512_load_si512(ch + 16 * r), Q6 ? 8 : 4));
         const __m512 dx = _mm512_set1_ps(act->d[row * nsb + sb]);
         float *a = acc + 16 * (row - rc);
-        __m512 v = _mm512_load_ps(a);
+        __m512 v = sb == 0 ? _mm512_setzero_ps() : _mm512_load_ps(a); /* the sums start from +0 */
         v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(D->d, dx), v);
         if (!Q6) {
             const int16_t *b32 = act->bsums32 + row * nb32 + sb * 8;
@@ -292,7 +292,6 @@ TAMX INL void amx_rows(const void *w, size_t w_nb1, const int Q6, const cpu_act 
         for (int64_t rc = r0; rc < r0 + nr; rc += AMX_RCHUNK) {
             const int64_t nrc = r0 + nr - rc >= AMX_RCHUNK ? AMX_RCHUNK : r0 + nr - rc;
             const int64_t n16 = nrc / AMX_TR * AMX_TR; /* nrc - n16: rem in the last chunk, else 0 */
-            for (int64_t r = 0; r < nrc; r++) _mm512_store_ps(acc + 16 * r, _mm512_setzero_ps());
             for (int64_t sb = 0; sb < nsb; sb++) {
                 if (Q6) {
                     amx_q6k_decode(grp + (size_t)sb * rec, &D);

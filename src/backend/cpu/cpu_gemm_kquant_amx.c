@@ -1,4 +1,4 @@
-/* cpu_gemm_kquant_amx.c: packed Q4_K / Q6_K x Q8_K matmul with AMX-INT8 tiles for batches of 16+
+/* cpu_gemm_kquant_amx.c: packed Q4_K / Q6_K x Q8_K matmul with AMX-INT8 tiles for calls of 8+
  * activation rows, giving the bits of the AVX-512 VNNI kernels (cpu_gemm_kquant_avx512.c).
  *
  * Those kernels compute, per (weight row, activation row) and super-block, an exact int32 S (the
@@ -18,12 +18,13 @@
  * its code. The result is therefore the same for every row count and row range, and calls
  * mix freely: those of fewer than AMX_MIN_ROWS rows go to the VNNI kernel.
  *
- * Tiles (all 16 rows x 64 bytes): A = 16 activation rows x 64 values (the Q8_K rows in place,
- * stride n_in), B = 64 values x 16 weight rows in VNNI order (dword i of a row = 4 values of weight
- * row i: the packed record's quant dwords after the scale multiply), C = [16 activation rows][16
- * weight rows] int32, the VNNI kernel's accumulator layout. The tile intrinsics are asm statements
- * without memory operands, so compiler barriers fence the vector code's stores before tile loads
- * and the tile stores before vector loads (docs/quantization.md, "AMX-INT8 tiles"). */
+ * Tiles (16 rows x 64 bytes; set 1 fewer rows for a call's last part, amx_rows): A = 16
+ * activation rows x 64 values (the Q8_K rows in place, stride n_in), B = 64 values x 16 weight
+ * rows in VNNI order (dword i of a row = 4 values of weight row i: the packed record's quant
+ * dwords after the scale multiply), C = [16 activation rows][16 weight rows] int32, the VNNI
+ * kernel's accumulator layout. The tile intrinsics are asm statements without memory operands,
+ * so compiler barriers fence the vector code's stores before tile loads and the tile stores
+ * before vector loads (docs/quantization.md, "AMX-INT8 tiles"). */
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
 
@@ -73,7 +74,7 @@
 
 #define AMX_BARRIER() __asm__ volatile("" ::: "memory")
 
-/* ldtilecfg's 64-byte operand: palette 1, tiles 0..7 all 16 rows x 64 bytes. */
+/* ldtilecfg's 64-byte operand: palette 1, tiles 0..7 of 64-byte rows (amx_rows sets the rows). */
 typedef struct amx_cfg {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -325,25 +326,15 @@ TAMX INL void amx_rows(const void *w, size_t w_nb1, const int Q6, const cpu_act 
     _tile_release();
 }
 
-TAMX static void amx_q4k_rows(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+TAMX void cpu_mm_q4_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                               int64_t ds, int64_t o0, int64_t o1) {
-    amx_rows(w, w_nb1, 0, act, r0, nr, dst, ds, o0, o1);
-}
-
-TAMX static void amx_q6k_rows(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
-                              int64_t ds, int64_t o0, int64_t o1) {
-    amx_rows(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
-}
-
-void cpu_mm_q4_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
-                         int64_t ds, int64_t o0, int64_t o1) {
-    if (nr >= AMX_MIN_ROWS) amx_q4k_rows(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+    if (nr >= AMX_MIN_ROWS) amx_rows(w, w_nb1, 0, act, r0, nr, dst, ds, o0, o1);
     else cpu_mm_q4_K_x16_avx512(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 
-void cpu_mm_q6_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
-                         int64_t ds, int64_t o0, int64_t o1) {
-    if (nr >= AMX_MIN_ROWS) amx_q6k_rows(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+TAMX void cpu_mm_q6_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                              int64_t ds, int64_t o0, int64_t o1) {
+    if (nr >= AMX_MIN_ROWS) amx_rows(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
     else cpu_mm_q6_K_x16_avx512(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 

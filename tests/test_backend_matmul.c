@@ -184,16 +184,19 @@ TEST(backend_matmul_threads_identical) {
 /* op_matmul_argmax gives the ids of op_matmul + op_scale + op_argmax on the same backend, for
  * every weight type and level, 1-3 threads, one chunk or dozens: a max tied across chunks (a
  * weight row copied into the first and the last chunk: the first index wins), a negative scale,
- * a NaN weight row in a late chunk and a NaN activation row (flagged -1 - first index). */
+ * a NaN weight row in a late chunk and a NaN activation row (flagged -1 - first index). With a
+ * logits tensor (op_matmul_argmax_logits) the same ids, and the logits of op_matmul + op_scale
+ * bit for bit. */
 static void mmax_case(test_ctx *t, rng *r, backend *be, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_rows,
                       float scale, const char *lv) {
     void *w = make_weight(r, type, n_in, n_out);
     float *x = malloc((size_t)(n_in * n_rows) * sizeof(float)), *lg = malloc((size_t)(n_out * n_rows) * 4);
-    int32_t ids[2][64];
-    REQUIRE(w && x && lg && n_rows <= 64);
+    float *lg2 = malloc((size_t)(n_out * n_rows) * 4);
+    int32_t ids[3][64];
+    REQUIRE(w && x && lg && lg2 && n_rows <= 64);
     fill_f32(r, x, n_in * n_rows, 1.0f);
     const size_t row = quant_row_size(type, n_in);
-    backend_op mm, sc, am, fu;
+    backend_op mm, sc, am, fu, fl;
     memset(&mm, 0, sizeof(mm));
     mm.kind = BACKEND_OP_MATMUL;
     mm.dst = tensor_2d(QUANT_TYPE_F32, lg, n_out, n_rows);
@@ -211,6 +214,9 @@ static void mmax_case(test_ctx *t, rng *r, backend *be, uint32_t type, int64_t n
     fu.kind = BACKEND_OP_MATMUL_ARGMAX;
     fu.dst = tensor_1d(QUANT_TYPE_I32, ids[1], n_rows);
     fu.f[0] = scale;
+    fl = fu;
+    fl.dst = tensor_1d(QUANT_TYPE_I32, ids[2], n_rows);
+    fl.src[2] = tensor_2d(QUANT_TYPE_F32, lg2, n_out, n_rows);
     for (int step = 0; step < 4; step++) {
         if (step == 1 && n_out > 40) { /* row 0's max copied into rows 3 and n_out - 1: a three-way tie */
             const int64_t a = ids[0][0] >= 0 ? ids[0][0] : 0;
@@ -225,21 +231,29 @@ static void mmax_case(test_ctx *t, rng *r, backend *be, uint32_t type, int64_t n
         if (step == 3 && n_rows > 1 && quant_type_get(type)->blck_size == 1) x[n_in + 2] = NAN;
         dfl_error err = {0};
         REQUIRE(backend_op_validate(be, &fu, &err) == DFL_OK);
+        REQUIRE(backend_op_validate(be, &fl, &err) == DFL_OK);
         run_op(be, &mm);
         run_op(be, &sc);
         run_op(be, &am);
         memset(ids[1], 0x55, sizeof(ids[1]));
+        memset(ids[2], 0x55, sizeof(ids[2]));
+        memset(lg2, 0x55, (size_t)(n_out * n_rows) * 4);
         run_op(be, &fu);
+        run_op(be, &fl);
         for (int64_t i = 0; i < n_rows; i++) {
-            CHECK_MSG(ids[1][i] == ids[0][i], "matmul_argmax %s %s [%lld -> %lld] x %lld scale %g step %d row %lld: %d vs %d",
+            CHECK_MSG(ids[1][i] == ids[0][i] && ids[2][i] == ids[0][i],
+                      "matmul_argmax %s %s [%lld -> %lld] x %lld scale %g step %d row %lld: %d / %d (logits) vs %d",
                       quant_type_get(type)->name, lv, (long long)n_in, (long long)n_out, (long long)n_rows,
-                      (double)scale, step, (long long)i, ids[1][i], ids[0][i]);
+                      (double)scale, step, (long long)i, ids[1][i], ids[2][i], ids[0][i]);
         }
+        CHECK_MSG(memcmp(lg2, lg, (size_t)(n_out * n_rows) * 4) == 0, "matmul_argmax_logits %s %s [%lld -> %lld] x %lld "
+                  "step %d: the logits differ from op_matmul + op_scale", quant_type_get(type)->name, lv, (long long)n_in,
+                  (long long)n_out, (long long)n_rows, step);
         if (step == 1 && n_out > 40) CHECK(ids[1][0] == 3 || ids[1][0] < 3);
         if (step == 2 && type == QUANT_TYPE_F32) CHECK_EQ_INT(ids[1][0], (int)(-1 - (n_out - n_out / 3)));
         if (step == 3 && n_rows > 1 && quant_type_get(type)->blck_size == 1) CHECK_EQ_INT(ids[1][1], -1);
     }
-    free(w); free(x); free(lg);
+    free(w); free(x); free(lg); free(lg2);
 }
 
 TEST(backend_matmul_argmax_fused) {
@@ -276,6 +290,18 @@ TEST(backend_matmul_argmax_fused) {
     op.f[0] = -1.0f; /* -1, -2, -2, 0 */
     cpu_op_matmul_argmax_ref(&op);
     CHECK_EQ_INT(ids[0], 3);
+    float lgr[4 * 2];
+    op.src[2] = tensor_2d(QUANT_TYPE_F32, lgr, 4, 2); /* and the logits */
+    cpu_op_matmul_argmax_ref(&op);
+    CHECK_EQ_INT(ids[0], 3);
+    CHECK(lgr[0] == -1.0f && lgr[1] == -2.0f && lgr[2] == -2.0f && lgr[3] == 0.0f && isnan(lgr[5]));
+    /* a logits tensor of the wrong shape is refused */
+    backend *be = make_backend(1, 0, false);
+    REQUIRE(be);
+    dfl_error err = {0};
+    op.src[2] = tensor_2d(QUANT_TYPE_F32, lgr, 2, 4);
+    CHECK(backend_op_validate(be, &op, &err) == DFL_ERR_INVALID && strstr(err.msg, "logits") != NULL);
+    backend_free(be);
 }
 
 /* ---- batch invariance and the activation quantizers ---------------------------------------- */

@@ -433,6 +433,7 @@ TEST(hardening_nonfinite_logits_are_an_error) {
     float *lg = malloc(sizeof(float) * 1024);
     CHECK_EQ_INT(tu_decode(ctx, 0, toks + 2, 1, lg, &err), DFL_ERR_FORMAT);
     CHECK_STR_CONTAINS(err.msg, "non-finite logits at position 2 of sequence 0");
+    CHECK_STR_CONTAINS(err.msg, "the logit of token 0 is "); /* all NaN: the first one */
     CHECK_EQ_INT(dfl_seq_len(ctx, 0), 2);
     free(lg);
     dfl_context_free(ctx);

@@ -430,6 +430,11 @@ static dfl_status validate_generic(const backend_op *op, dfl_error *err) {
         TRY(check_shape(err, op, "w", s0, s0->ne[0], s0->ne[1], 1, 1));
         TRY(check_shape(err, op, "x", s1, s0->ne[0], s1->ne[1], 1, 1));
         TRY(check_shape(err, op, "dst", d, s1->ne[1], 1, 1, 1));
+        if (op->src[2].data != NULL) {
+            TRY(check_tensor(err, op, "logits", &op->src[2]));
+            TRY(check_type(err, op, "logits", &op->src[2], F32, F32, F32));
+            TRY(check_shape(err, op, "logits", &op->src[2], s0->ne[1], s1->ne[1], 1, 1));
+        }
         if (!isfinite(op->f[0])) return bad(err, op, "scale must be finite");
         return DFL_OK;
     case BACKEND_OP_ARGMAX:
@@ -671,12 +676,19 @@ void op_argmax(backend_queue *q, tensor dst, tensor a) {
     backend_queue_submit(q, &op);
 }
 
-void op_matmul_argmax(backend_queue *q, tensor dst, tensor w, tensor x, float scale) {
+void op_matmul_argmax_logits(backend_queue *q, tensor dst, tensor w, tensor x, float scale, tensor logits) {
     backend_op op = op_init(BACKEND_OP_MATMUL_ARGMAX, &dst);
     op.src[0] = w;
     op.src[1] = x;
+    op.src[2] = logits;
     op.f[0] = scale;
     backend_queue_submit(q, &op);
+}
+
+void op_matmul_argmax(backend_queue *q, tensor dst, tensor w, tensor x, float scale) {
+    tensor none;
+    memset(&none, 0, sizeof(none));
+    op_matmul_argmax_logits(q, dst, w, x, scale, none);
 }
 
 void op_write(backend_queue *q, tensor dst, const void *host, size_t size) {

@@ -196,7 +196,8 @@ typedef enum backend_op_kind {
     BACKEND_OP_SOFTMAX,    /* dst = softmax(a) per row */
     BACKEND_OP_ARGMAX,     /* dst[r] = first index of max(a[r]) as int32; a row holding a NaN or
                             * an Inf gives -1 - (index of its first such value) instead */
-    BACKEND_OP_MATMUL_ARGMAX, /* dst[r] = argmax(scale * (x W^T)[r]): matmul, scale, argmax fused */
+    BACKEND_OP_MATMUL_ARGMAX, /* dst[r] = argmax(scale * (x W^T)[r]): matmul, scale, argmax fused
+                               * (src[2]: the logits too, where its data is not NULL) */
     BACKEND_OP_WRITE,      /* dst = host bytes (host -> backend memory, ordered on the queue) */
     BACKEND_OP_READ,       /* host bytes = src (backend memory -> host, ordered on the queue) */
     BACKEND_OP_COUNT,
@@ -303,6 +304,11 @@ void op_argmax(backend_queue *q, tensor dst, tensor a);
  * over a large vocabulary (the drafter's) keeps each chunk of logits in cache. w and x as in
  * op_matmul. Only where backend_get_caps says matmul_argmax (the CPU backend). */
 void op_matmul_argmax(backend_queue *q, tensor dst, tensor w, tensor x, float scale);
+/* op_matmul_argmax that also writes the scaled logits to logits [n_out, n_rows] f32 (op_matmul's
+ * dst, rows contiguous): each chunk is stored while it is in cache, and dst's ids (with their
+ * NaN/Inf flags) come with them, so no second pass over the logits finds the max or checks them.
+ * The op record carries logits as src[2] (data NULL: none, op_matmul_argmax). */
+void op_matmul_argmax_logits(backend_queue *q, tensor dst, tensor w, tensor x, float scale, tensor logits);
 
 /* Ordered host transfers: copy `size` bytes host -> dst.data (op_write) or src.data -> host
  * (op_read) when the queue reaches the op. dst/src: a contiguous tensor in backend memory. */

@@ -316,6 +316,7 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
         if (!ctx->w.has_output) ctx->w.output = p.target->w.output;
     }
     if (context_alloc_host(ctx, err) != DFL_OK) goto fail;
+    ctx->logits_direct = backend_get_caps(ctx->be).host_visible && backend_get_caps(ctx->be).matmul_argmax;
     ctx->s.buf = backend_buffer_alloc(ctx->be, scratch_layout(ctx, NULL), err);
     if (ctx->s.buf == NULL) goto fail;
     scratch_layout(ctx, ctx->s.buf);
@@ -407,18 +408,20 @@ static int64_t first_nonfinite(const float *x, int64_t n) {
 /* After a decode: non-finite logits (NaN or Inf: broken weights, or activations that overflow)
  * are an error naming the position, and the batch is rolled back (nothing of it applied), so no
  * caller samples from them. An argmax-only decode has no logits on the host: its ARGMAX op flags
- * a row holding a NaN/Inf as -1 - (index of the first one), checked the same way. */
+ * a row holding a NaN/Inf as -1 - (index of the first one), checked the same way; so does the
+ * fused head of logits_direct, which writes the logits too (no second pass over them here). */
 static dfl_status context_check_outputs(dfl_context *ctx, const dfl_batch *batch, dfl_error *err) {
     const int64_t nv = ctx->n_vocab;
     for (int64_t i = 0; i < batch->n_tokens; i++) {
         if (ctx->out_of[i] < 0) continue;
         int64_t k;
         char value[48];
-        if (ctx->last_argmax) {
+        if (ctx->last_argmax || ctx->logits_direct) {
             const int32_t id = ctx->argmax_ids[ctx->out_of[i]];
             if (id >= 0) continue;
             k = -1 - (int64_t)id;
-            snprintf(value, sizeof(value), "not finite");
+            if (ctx->last_argmax) snprintf(value, sizeof(value), "not finite");
+            else snprintf(value, sizeof(value), "%g", (double)ctx->logits[(size_t)ctx->out_of[i] * (size_t)nv + (size_t)k]);
         } else {
             const float *row = ctx->logits + (size_t)ctx->out_of[i] * (size_t)nv;
             k = first_nonfinite(row, nv);

@@ -118,7 +118,9 @@ struct dfl_context {
     /* outputs of the last decode */
     bool argmax_only;      /* the next decodes return each output's argmax id instead of its logits */
     bool last_argmax;      /* the last decode returned ids (logits untouched) */
-    int32_t *argmax_ids;   /* [n_out_max] host: argmax of each output row (argmax_only) */
+    bool logits_direct;    /* the head writes the host logits itself, with argmax_ids and their
+                            * NaN/Inf flags (a host-visible backend with matmul_argmax) */
+    int32_t *argmax_ids;   /* [n_out_max] host: argmax of each output row (argmax_only, logits_direct) */
     float *logits;         /* [n_vocab, n_out_max] host */
     int64_t *out_of;       /* [n_batch] batch index -> output row or -1 */
     int64_t n_outputs;

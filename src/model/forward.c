@@ -74,6 +74,14 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
                 op_argmax(q, amax, logits);
             }
             op_read(q, ctx->argmax_ids + n_out_before, amax, (size_t)n_out * sizeof(int32_t));
+        } else if (ctx->logits_direct) {
+            /* a host-visible backend with the fused head writes the logits straight into the
+             * host array, with each row's argmax and its NaN/Inf flag (context_check_outputs) */
+            tensor host = tensor_2d(QUANT_TYPE_F32, ctx->logits + (size_t)n_out_before * (size_t)ctx->n_vocab,
+                                    ctx->n_vocab, n_out);                /* [n_vocab, n_out] */
+            tensor amax = fwd_vec_head(&s->ids, n_out);                  /* [n_out] i32 */
+            op_matmul_argmax_logits(q, amax, ctx->w.output, x_out, 1.0f, host);
+            op_read(q, ctx->argmax_ids + n_out_before, amax, (size_t)n_out * sizeof(int32_t));
         } else {
             op_matmul(q, logits, ctx->w.output, x_out);
             op_read(q, ctx->logits + (size_t)n_out_before * (size_t)ctx->n_vocab, logits,

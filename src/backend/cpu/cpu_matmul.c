@@ -15,6 +15,7 @@
 #include "base/error.h"
 
 #include <stdatomic.h>
+#include <string.h>
 
 /* Prepared activation bytes of one row block (see the header comment). */
 #define MATMUL_ROW_BLOCK_BYTES (512 * 1024)
@@ -151,7 +152,9 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
  * output range), scales them, and keeps each row's argmax over the chunk (the SIMD argmax row
  * kernel: first index of the max, or the flagged first NaN/Inf). The caller combines the chunks
  * in order (the first flagged chunk wins, else the largest value, the earlier chunk on ties), so
- * dst equals op_matmul + op_scale + op_argmax and no [n_out, n_rows] logits are written. */
+ * dst equals op_matmul + op_scale + op_argmax and no [n_out, n_rows] logits are written (with
+ * src[2], op_matmul_argmax_logits: each chunk's rows are also copied there from L2, so that a
+ * verify's logits and their ids and NaN/Inf flags cost one pass). */
 #define MMAX_TILE_FLOATS (64 * 1024)
 
 typedef struct mmax_job {
@@ -178,7 +181,7 @@ static void mmax_prep_fn(void *ctx, int ith, int nth) {
 static void mmax_compute_fn(void *ctx, int ith, int nth) {
     (void)nth;
     mmax_job *job = ctx;
-    const tensor *w = &job->op->src[0];
+    const tensor *w = &job->op->src[0], *L = &job->op->src[2]; /* L: the logits, where wanted */
     const int64_t n_out = w->ne[1], n_rows = job->act.n_rows;
     const float scale = job->op->f[0];
     float *lg = job->logits + (size_t)ith * (size_t)(job->chunk * n_rows);
@@ -192,6 +195,7 @@ static void mmax_compute_fn(void *ctx, int ith, int nth) {
         for (int64_t r = 0; r < n_rows; r++) {
             float *lr = lg + r * no;
             for (int64_t o = 0; o < no; o++) lr[o] = lr[o] * scale; /* op_scale's product */
+            if (L->data != NULL) memcpy((char *)L->data + (size_t)r * L->nb[1] + (size_t)o0 * sizeof(float), lr, (size_t)no * sizeof(float));
             const int32_t i = job->argmax(lr, no);
             job->where[c * n_rows + r] = i >= 0 ? o0 + i : -1 - (o0 + (-1 - (int64_t)i));
             job->best[c * n_rows + r] = i >= 0 ? lr[i] : 0.0f;
@@ -219,10 +223,13 @@ void cpu_op_matmul_argmax(cpu_backend *be, const backend_op *op) {
     if (nth > cpu_pool_size(be->pool)) nth = cpu_pool_size(be->pool);
     if ((double)n_in * (double)n_out * (double)n_rows < 65536.0) nth = 1;
 
-    int64_t chunk = (n_out + 8 * nth - 1) / (8 * nth);
+    /* 8 chunks a thread, more where a thread's [n_rows, chunk] would pass the cap, and always a
+     * multiple of nth, so that the threads get equal shares (rounding the chunk down to 16 had
+     * made 17 chunks of the 151,936-row head for 2 threads) */
     const int64_t cap = MMAX_TILE_FLOATS / n_rows;
-    if (chunk > cap) chunk = cap;
-    chunk = chunk / 16 * 16;
+    int64_t n_ch = 8 * nth;
+    if ((n_out + n_ch - 1) / n_ch > cap) n_ch = ((n_out + cap - 1) / cap + nth - 1) / nth * nth;
+    int64_t chunk = ((n_out + n_ch - 1) / n_ch + 15) & ~(int64_t)15;
     if (chunk < 16) chunk = 16;
     job.chunk = chunk;
     job.n_chunks = (n_out + chunk - 1) / chunk;

@@ -213,7 +213,7 @@ static void exec_light(cpu_backend *be, const backend_op *op) {
     const tensor *big = op->kind == BACKEND_OP_SET_ROWS || op->kind == BACKEND_OP_ARGMAX ? &op->src[0] : &op->dst;
     int nth = cpu_pool_size(be->pool);
     if (nth > be->n_threads_batch) nth = be->n_threads_batch;
-    if (tensor_nelements(big) < 65536 || job.n < 2) nth = 1;
+    if (tensor_nelements(big) < CPU_LIGHT_MIN_ELEMS || job.n < 2) nth = 1;
     if (nth > job.n) nth = (int)job.n;
     if (nth == 1) {
         light_run(&be->kernels, op);

@@ -326,6 +326,9 @@ void cpu_op_matmul_argmax_ref(const backend_op *op) {
         float *lr = logits + r * n_out;
         for (int64_t o = 0; o < n_out; o++) lr[o] = lr[o] * op->f[0];
         *(int32_t *)elem_ptr(d, r, 0, 0, 0) = cpu_argmax_row_ref(lr, n_out);
+        if (op->src[2].data != NULL) {
+            for (int64_t o = 0; o < n_out; o++) *(float *)elem_ptr(&op->src[2], o, r, 0, 0) = lr[o];
+        }
     }
     free(logits);
 }

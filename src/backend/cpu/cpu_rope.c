@@ -82,7 +82,7 @@ bool cpu_op_rope(cpu_backend *be, const backend_op *op) {
     if (!rope_table_cover(be, op->f[0], n_rot, max_p + 1)) return false;
     rope_job job = {op, be->rope_cs};
     int nth = cpu_pool_size(be->pool) < be->n_threads_batch ? cpu_pool_size(be->pool) : be->n_threads_batch;
-    if (tensor_nelements(&op->dst) < 65536 || nth < 1) nth = 1;
+    if (tensor_nelements(&op->dst) < CPU_LIGHT_MIN_ELEMS || nth < 1) nth = 1;
     if (nth > nt) nth = nt > 0 ? (int)nt : 1;
     cpu_pool_run(be->pool, nth, rope_fn, &job);
     return true;

@@ -304,6 +304,62 @@ TEST(backend_matmul_argmax_fused) {
     backend_free(be);
 }
 
+/* ---- the threads' shares of a matmul --------------------------------------------------------- */
+
+/* Each thread runs its own contiguous range of the output chunks and then takes the last tiles of
+ * the others' (cpu_matmul.c, cpu_share): every tile runs exactly once whichever threads take part.
+ * op_matmul (3 row blocks x the chunks) and op_matmul_argmax on 3 threads give the 1-thread bits
+ * with all workers free, one held and both held (the caller then runs the held workers' shares,
+ * finding their tiles taken by itself). Named "pool" for `make check`'s TSan run. */
+TEST(backend_matmul_pool_shares_run_every_tile_once) {
+    rng r = {77};
+    enum { N_IN = 4096, N_OUT = 203, N_ROWS = 300 };
+    float *w = malloc((size_t)N_IN * N_OUT * sizeof(float)), *x = malloc((size_t)N_IN * N_ROWS * sizeof(float));
+    float *y1 = malloc((size_t)N_OUT * N_ROWS * sizeof(float)), *y3 = malloc((size_t)N_OUT * N_ROWS * sizeof(float));
+    REQUIRE(w && x && y1 && y3);
+    fill_f32(&r, w, (int64_t)N_IN * N_OUT, 1.0f);
+    fill_f32(&r, x, (int64_t)N_IN * N_ROWS, 1.0f);
+    backend *b1 = make_backend(1, 2, false), *b3 = make_backend(3, 2, false);
+    REQUIRE(b1 && b3);
+    cpu_pool *pool = ((cpu_backend *)b3)->pool;
+    backend_op mm, am;
+    memset(&mm, 0, sizeof(mm));
+    mm.kind = BACKEND_OP_MATMUL;
+    mm.src[0] = tensor_2d(QUANT_TYPE_F32, w, N_IN, N_OUT);
+    mm.src[1] = tensor_2d(QUANT_TYPE_F32, x, N_IN, N_ROWS);
+    int32_t ids1[40], ids3[40];
+    am = mm;
+    am.kind = BACKEND_OP_MATMUL_ARGMAX;
+    am.src[1] = tensor_2d(QUANT_TYPE_F32, x, N_IN, 40);
+    am.f[0] = 1.0f;
+    mm.dst = tensor_2d(QUANT_TYPE_F32, y1, N_OUT, N_ROWS);
+    am.dst = tensor_1d(QUANT_TYPE_I32, ids1, 40);
+    run_op(b1, &mm);
+    run_op(b1, &am);
+    mm.dst = tensor_2d(QUANT_TYPE_F32, y3, N_OUT, N_ROWS);
+    am.dst = tensor_1d(QUANT_TYPE_I32, ids3, 40);
+    const bool held[3][2] = {{false, false}, {true, false}, {true, true}};
+    for (int h = 0; h < 3; h++) {
+        cpu_pool_test_hold(pool, 1, held[h][0]);
+        cpu_pool_test_hold(pool, 2, held[h][1]);
+        for (int rep = 0; rep < 3; rep++) {
+            memset(y3, 0xff, (size_t)N_OUT * N_ROWS * sizeof(float)); /* NaN: a tile not run shows */
+            memset(ids3, 0x55, sizeof(ids3));
+            run_op(b3, &mm);
+            run_op(b3, &am);
+            const int64_t k = first_bit_diff(y3, y1, (int64_t)N_OUT * N_ROWS);
+            CHECK_MSG(k < 0, "holds %d rep %d: output %lld (row %lld) differs from 1 thread's", h, rep, (long long)k,
+                      (long long)(k / N_OUT));
+            CHECK_MSG(memcmp(ids1, ids3, sizeof(ids1)) == 0, "holds %d rep %d: matmul_argmax ids differ", h, rep);
+        }
+    }
+    cpu_pool_test_hold(pool, 1, false);
+    cpu_pool_test_hold(pool, 2, false);
+    backend_free(b1);
+    backend_free(b3);
+    free(w); free(x); free(y1); free(y3);
+}
+
 /* ---- batch invariance and the activation quantizers ---------------------------------------- */
 
 /* A row's result does not depend on the other rows of the batch nor on its position in it (the

@@ -365,6 +365,7 @@ static tensor cpu_vt_weight_pack(backend *bbe, const tensor *w, void *dst) {
 static void cpu_free(backend *bbe) {
     cpu_backend *be = (cpu_backend *)bbe;
     cpu_pool_free(be->pool);
+    free(be->shares);
     pthread_mutex_destroy(&be->exec_mu);
     free(be->scratch);
     free(be->rope_cs);
@@ -518,10 +519,15 @@ backend *backend_cpu_new(const backend_cpu_params *params, dfl_error *err) {
     pthread_mutex_init(&be->exec_mu, NULL);
     int n_pool = be->n_threads > be->n_threads_batch ? be->n_threads : be->n_threads_batch;
     be->pool = cpu_pool_new(n_pool, err);
-    if (be->pool == NULL) {
+    be->shares = be->pool != NULL ? aligned_alloc(64, (size_t)cpu_pool_size(be->pool) * sizeof(cpu_share)) : NULL;
+    if (be->pool == NULL || be->shares == NULL) {
+        if (be->pool != NULL) error_set(err, DFL_ERR_NOMEM, "cpu backend: out of memory");
+        cpu_pool_free(be->pool);
+        free(be->shares);
         pthread_mutex_destroy(&be->exec_mu);
         free(be);
         return NULL;
     }
+    for (int i = 0; i < cpu_pool_size(be->pool); i++) atomic_init(&be->shares[i].fb, 0);
     return &be->base;
 }

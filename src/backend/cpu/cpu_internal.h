@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_pool.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 /* Elementwise ops (rmsnorm, swiglu, add, rope, ...) of fewer elements than this run on the
  * calling thread alone; larger ones are split over the pool. A job costs the pool about a
@@ -242,6 +243,13 @@ void cpu_kernels_init_ext_avx512(cpu_kernels *k);
 
 /* ---- the backend object ------------------------------------------------------------------ */
 
+/* One thread's share of a matmul's tiles (cpu_matmul.c): positions [front, back) of its list, in
+ * one word (front | back << 32) so that its owner (from the front) and a thread that has finished
+ * its own (from the back) never take the same tile. A cache line each. */
+typedef struct cpu_share {
+    _Alignas(64) atomic_uint_fast64_t fb;
+} cpu_share;
+
 typedef struct cpu_backend {
     backend base;
     backend_cpu_params params;
@@ -250,6 +258,7 @@ typedef struct cpu_backend {
     uint32_t features;
     cpu_kernels kernels;
     cpu_pool *pool;
+    cpu_share *shares;       /* [pool size] (cpu_matmul.c) */
     pthread_mutex_t exec_mu; /* one op at a time: the pool and the scratch are shared */
     void *scratch;           /* matmul activations etc.; grows to the largest op, then stays */
     size_t scratch_size;

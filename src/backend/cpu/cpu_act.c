@@ -60,6 +60,7 @@ void cpu_act_layout(cpu_act *act, cpu_dot_type dot, int64_t n_in, int64_t n_rows
     act->n_in = n_in;
     act->n_rows = n_rows;
     act->row_len = n_in;
+    act->pf_l1_rows = 2;
     const size_t n = (size_t)n_in * (size_t)n_rows;
     char *p = mem;
     switch (dot) {
@@ -285,7 +286,10 @@ void cpu_kernels_init_ref(cpu_kernels *k) {
 
 void cpu_kernels_select(cpu_kernels *k, uint32_t features) {
     cpu_kernels_init_ref(k);
+    k->pf_l1_rows = 2;
 #if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("intel")) k->pf_l1_rows = 0;
     if (features & BACKEND_CPU_FEATURE_AVX2) {
         cpu_kernels_init_avx2(k);
         cpu_kernels_init_ext_avx2(k);

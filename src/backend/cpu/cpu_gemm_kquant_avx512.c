@@ -305,8 +305,9 @@ T512 INL void kq_acc_rows(const __m512i *S, const __m512i *M, __m512 d, __m512 d
  * D->nk instead of taking the offset from the sums of 16 (the same integer S). */
 /* pf / npf: cache lines to prefetch during the call, spread over its sub-blocks (packed weights:
  * a share of the record KQ_PF_AHEAD super-blocks ahead; a burst of them at once stalled the
- * rows). Into L1 for 1-2 rows, into L2 for more (as the packed Q8_0 kernel: there the lines ahead
- * evicted the record in use from L1); the 0.6B Q4_K_M model's 4-row verify 25-30 -> 22-24 ms, alternated. */
+ * rows). Into L1 for tiles of up to act->pf_l1_rows rows (2 on AMD, 0 on Intel: cpu_kernels), into
+ * L2 for more (as the packed Q8_0 kernel: there the lines ahead evicted the record in use from L1);
+ * the 0.6B Q4_K_M model's 4-row verify 25-30 -> 22-24 ms, alternated. */
 T512 INL void kq_rows(const kq_dec *D, const int Q6, const int BIAS, const cpu_act *act, int64_t sb, int64_t r0,
                       const int NT, float *acc, const char *pf, int npf) {
     const int8_t *x0 = act->qs + r0 * act->n_in + sb * QK_K; /* row r at + r * n_in */
@@ -321,7 +322,7 @@ T512 INL void kq_rows(const kq_dec *D, const int Q6, const int BIAS, const cpu_a
 #pragma GCC unroll 1
     for (int j = 0; j < nsub; j++) { /* a loop, not unrolled: 2 NT + 3 live vectors, no spills */
         for (int l = npf * j / nsub; l < npf * (j + 1) / nsub; l++) { /* L2 for 3+ rows (below) */
-            if (NT <= 2) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
+            if (NT <= act->pf_l1_rows) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
             else _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
         }
         __m512i dot[KQ_NT];
@@ -396,7 +397,7 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
 #pragma GCC unroll 1
         for (int nn = 0; nn < 2; nn++) {
             for (int l = npf * nn / 2; l < npf * (nn + 1) / 2; l++) {
-                if (NT <= 2) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
+                if (NT <= act->pf_l1_rows) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
                 else _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
             }
             const __m512i *qln = ql + 16 * nn, *qhn = qh + 8 * nn;
@@ -444,7 +445,7 @@ T512 INL void kq_fused_rows(const uint8_t *R, const int Q6, const cpu_act *act, 
             for (int kk = 0; kk < 8; kk++) {
                 const int l = 8 * c2 + kk;
                 for (int li = npf * l / 32; li < npf * (l + 1) / 32; li++) {
-                    if (NT <= 2) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
+                    if (NT <= act->pf_l1_rows) _mm_prefetch(pf + 64 * li, _MM_HINT_T0);
                     else _mm_prefetch(pf + 64 * li, _MM_HINT_T1);
                 }
                 const __m512i c = _mm512_load_si512(R + CPU_KQ_X16_QS + 64 * l);

@@ -25,7 +25,8 @@
  * and its 16 int + 16 float accumulators leave L1 no room: prefetched into L1 the rows ahead
  * evicted the block in use. Into L2 for those tiles (one thread, [1024 x 65536] weights in huge
  * pages, best of 3, twice): 4 rows 4.4-5.7 -> 3.0-3.5 ms, 8 rows 6.5-7.3 -> 3.6-4.0 ms, 16 rows
- * 7.5 -> 7.0-7.2 ms; into L2 for all tiles would cost the 1-2 row tiles (decode) 2.5 -> 3.5 ms. */
+ * 7.5 -> 7.0-7.2 ms; into L2 for all tiles would cost the 1-2 row tiles (decode) 2.5 -> 3.5 ms
+ * (Zen 4). On Intel L2 is the faster for those too: act->pf_l1_rows (cpu_kernels.pf_l1_rows). */
 
 /* Weight rows o .. o + 3 (row i at w + wo[i] bytes: rows past the range repeat the last one and
  * are not stored) against activation rows r0 .. r0 + NT - 1; dst[(r0 + r) * ds + o + i] for
@@ -57,8 +58,8 @@ T512 INL void q8x_tile(const uint8_t *w, const size_t wo[4], const cpu_act *act,
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             for (int64_t l = 0; l < pf_step && pf_done < pf_lines; l++, pf_done++) {
-                /* into L1 for tiles of 1-2 rows, into L2 for 3-4 (Q8X_PREFETCH_HINT) */
-                if (NT <= 2) _mm_prefetch(pf + 64 * pf_done, _MM_HINT_T0);
+                /* into L1 for tiles of up to act->pf_l1_rows rows, else into L2 (cpu_kernels) */
+                if (NT <= act->pf_l1_rows) _mm_prefetch(pf + 64 * pf_done, _MM_HINT_T0);
                 else _mm_prefetch(pf + 64 * pf_done, _MM_HINT_T1);
             }
             __m512i x[4];

@@ -64,6 +64,9 @@ typedef struct cpu_act {
     int16_t *bsums32; /* [n_rows][n_in / 32]       CPU_DOT_Q8_K: bsums[2j] + bsums[2j+1] (a sub-block of 32) */
     uint8_t *qsu;     /* [n_rows][n_in]            CPU_DOT_Q8_K: qs + 128 (1..255), the unsigned operand of
                        * the AVX-512 packed Q6_K kernel (its weights are the signed one) */
+    int pf_l1_rows;   /* the packed AVX-512 kernels' row tiles of at most this many rows prefetch the
+                       * weights ahead into L1, larger ones into L2 (cpu_kernels.pf_l1_rows; 2 from
+                       * cpu_act_layout) */
 } cpu_act;
 
 /* The dot type a weight type is multiplied with. */
@@ -135,6 +138,12 @@ typedef struct cpu_kernels {
     cpu_binary_row_fn add_row, mul_row;
     cpu_argmax_row_fn argmax_row;
     cpu_f16_row_fn f16_row;
+    /* cpu_act.pf_l1_rows for the matmuls (cpu_kernels_select: 0 on Intel, 2 elsewhere). Intel
+     * Xeon VM with AMX, 2 threads, cold weights, 1 row: [1024 x 12288] Q4_K 0.357 ms with 1-2
+     * row tiles prefetching into L1 -> 0.285 into L2, the [1024 x 151936] Q6_K head 7.72 ->
+     * 5.96; 2 rows likewise. On Zen 4 L1 was the faster for 1-2 rows (bench/results/
+     * cpu-prefetch-l2.md). */
+    int pf_l1_rows;
 } cpu_kernels;
 
 /* Fills k for the feature bits (backend_cpu_feature) usable on this machine. */

@@ -160,6 +160,7 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
     job.prep = be->kernels.act_row[w->type];
     DFL_ASSERT(job.kernel != NULL && job.prep != NULL);
     cpu_act_layout(&job.act, dot, n_in, n_rows, cpu_scratch(be, cpu_act_bytes(dot, n_in, n_rows)));
+    job.act.pf_l1_rows = be->kernels.pf_l1_rows;
 
     int nth = n_rows == 1 ? be->n_threads : be->n_threads_batch;
     if (nth > cpu_pool_size(be->pool)) nth = cpu_pool_size(be->pool);
@@ -290,6 +291,7 @@ void cpu_op_matmul_argmax(cpu_backend *be, const backend_op *op) {
     const size_t where_b = (size_t)(job.n_chunks * n_rows) * sizeof(int64_t);
     char *mem = cpu_scratch(be, act_b + lg_b + best_b + where_b);
     cpu_act_layout(&job.act, dot, n_in, n_rows, mem);
+    job.act.pf_l1_rows = be->kernels.pf_l1_rows;
     job.logits = (float *)(mem + act_b);
     job.best = (float *)(mem + act_b + lg_b);
     job.where = (int64_t *)(mem + act_b + lg_b + best_b);

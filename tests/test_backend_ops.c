@@ -309,7 +309,7 @@ TEST(backend_op_attention) {
 /* A query row's attention output is bit-identical whether the row comes alone (decode) or inside a
  * batch (verify, prefill), with causal and two-sequence masks: the kernel works on a prefix of the
  * keys that depends on the batch (the last key any row of a tile sees), which must not change a
- * single bit. */
+ * single bit; nor must the query rows per item (cpu_kernels.attn_rows, chosen per CPU: 4-32 here). */
 TEST(backend_attention_row_invariance) {
     rng r = {16};
     enum { HD = 64, NH = 8, NH_KV = 2, NQ = 21, PAST = 49, NKV = PAST + NQ };
@@ -332,9 +332,11 @@ TEST(backend_attention_row_invariance) {
                     mask[iq * NKV + j] = vis ? 0.0f : -INFINITY;
                 }
             }
-            for (int nt = 1; nt <= 2; nt++) {
+            for (int run = 0; run < 8; run++) { /* threads 1, 2 x rows per item 4, 8, 16, 32 */
+                const int nt = 1 + run / 4, ar = 4 << (run % 4);
                 backend *be = make_backend(nt, level, false);
                 REQUIRE(be);
+                ((cpu_backend *)be)->kernels.attn_rows = ar;
                 backend_op op;
                 memset(&op, 0, sizeof(op));
                 op.kind = BACKEND_OP_ATTENTION;
@@ -350,8 +352,8 @@ TEST(backend_attention_row_invariance) {
                     op.dst = tensor_3d(QUANT_TYPE_F32, one, HD, NH, 1);
                     run_op(be, &op);
                     CHECK_MSG(memcmp(one, out + iq * HD * NH, sizeof(one)) == 0,
-                              "attention %s mask %d threads %d: row %d alone differs from the batch",
-                              k_level_names[level], mk, nt, iq);
+                              "attention %s mask %d threads %d, %d rows per item: row %d alone differs from the batch",
+                              k_level_names[level], mk, nt, ar, iq);
                 }
                 backend_free(be);
             }

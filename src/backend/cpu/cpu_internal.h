@@ -144,6 +144,12 @@ typedef struct cpu_kernels {
      * 5.96; 2 rows likewise. On Zen 4 L1 was the faster for 1-2 rows (bench/results/
      * cpu-prefetch-l2.md). */
     int pf_l1_rows;
+    /* Query rows per item of the f16 attention (cpu_ops.c; a multiple of 4): 16 on Intel, 8
+     * elsewhere. Zen 5, pp512 of the Q8_0 0.6B-dimension model, 2 threads, 8 alternated pairs:
+     * 8 faster than 12 in 6 (tok/s 792/788 785/763 738/750 739/717 713/727 736/696 685/632
+     * 725/714); 16 not measured there. AMX Xeon VM, 2 threads, Q4_K_M, 512 tokens after 64,
+     * 3 alternated rounds: 8 711-731 ms, 16 643-700 (a 16-row verify the same, 31.5-32.5). */
+    int attn_rows;
 } cpu_kernels;
 
 /* Fills k for the feature bits (backend_cpu_feature) usable on this machine. */

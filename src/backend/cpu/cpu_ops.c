@@ -303,12 +303,7 @@ static void attn_fn(void *ctx, int ith, int nth) {
  * then meet exactly the same nonzero terms in the same lanes and order as over all n_kv keys, the
  * rest being exact zeros), so the results stay bit-identical. Items are dealt to threads in turn
  * (their costs grow along a causal prefill). */
-/* ATTN_ROWS: query rows per item (-DATTN_ROWS= to try others). 12 (tiles of 6 + 6 rows) was no
- * faster on Zen 5: pp512 of the Q8_0 0.6B-dimension model, 2 threads, 8 alternated pairs, 8 faster
- * in 6 (tok/s 8 vs 12: 792/788 785/763 738/750 739/717 713/727 736/696 685/632 725/714). */
-#ifndef ATTN_ROWS
-#define ATTN_ROWS 8
-#endif
+/* Query rows per item: cpu_kernels.attn_rows (cpu_kernels_select; -DATTN_ROWS= forces one). */
 
 typedef struct attn16_job {
     const backend_op *op;
@@ -401,7 +396,8 @@ static void exec_attention(cpu_backend *be, const backend_op *op) {
         job.op = op;
         job.k = &be->kernels;
         const int64_t group = q->ne[1] / k->ne[1];
-        job.tq = group >= ATTN_ROWS ? 1 : ATTN_ROWS / group;
+        const int64_t attn_rows = be->kernels.attn_rows;
+        job.tq = group >= attn_rows ? 1 : attn_rows / group;
         if (job.tq > q->ne[2]) job.tq = q->ne[2];
         job.rows = job.tq * group;
         job.ldk = (k->ne[2] + 15) & ~(int64_t)15;

@@ -1,4 +1,4 @@
-/* cpu_gemm_kquant_amx.c: packed Q4_K / Q6_K x Q8_K matmul with AMX-INT8 tiles for calls of 8+
+/* cpu_gemm_kquant_amx.c: packed Q4_K / Q6_K x Q8_K matmul with AMX-INT8 tiles for calls of 9+
  * activation rows, giving the bits of the AVX-512 VNNI kernels (cpu_gemm_kquant_avx512.c).
  *
  * Those kernels compute, per (weight row, activation row) and super-block, an exact int32 S (the
@@ -63,9 +63,11 @@
  * threads, [1024 x 3072] from cache, ms, VNNI for the rows past the whole 16s -> all on tiles:
  * Q6_K 8 rows 0.096 -> 0.094, 12 rows 0.145 -> 0.099, 15 rows 0.169 -> 0.112, 20 rows 0.195 ->
  * 0.138; Q4_K 8 rows 0.073 -> 0.067, 12 rows 0.116 -> 0.078; the cold 151,936-row Q6_K head at
- * 20 rows 14.05 -> 9.67; 4 rows 0.064 (VNNI) against 0.086 (tiles). */
+ * 20 rows 14.05 -> 9.67; 4 rows 0.064 (VNNI) against 0.086 (tiles). From memory (2 rounds, ms,
+ * VNNI -> tiles): Q4_K 8 rows 0.099-0.102 -> 0.105-0.112, 10 rows 0.118-0.121 -> 0.111-0.113;
+ * Q6_K 8 rows 0.156-0.159 -> 0.170-0.171, 10 rows 0.177-0.179 -> 0.163-0.171: tiles from 9. */
 #ifndef AMX_MIN_ROWS
-#define AMX_MIN_ROWS 8
+#define AMX_MIN_ROWS 9
 #endif
 
 /* Cache lines of a Q4_K / Q6_K KQ_X16 record (2368 / 3456 bytes, tensor_kq_x16_record_bytes). */

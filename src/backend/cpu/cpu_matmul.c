@@ -29,9 +29,11 @@
  * The output chunks are split into nth contiguous ranges, one per thread, which a thread runs in
  * order, so each thread streams one part of the weight front to back; a thread done with its own
  * takes the last tiles of the others' (cpu_share). Measured on the AMX Xeon VM, 2 threads, [1024 x
- * 1024] Q4_K at 16 rows from memory: 8 chunks a thread handed out in turn 0.052 ms, one contiguous
- * half each 0.037 (from cache both 0.024); a 16-row verify of the 0.6B model 35.4 -> 32.3 ms. With
- * no taking, one late thread (a 1-token decode's ops take 20-80 us) held whole ops up. */
+ * 1024] Q4_K at 16 rows from memory: 8 chunks a thread handed out in turn 0.052 ms, these shares
+ * 0.041 (from cache both 0.024); a 16-row verify of the 0.6B Q4_K_M model 34.8-36.0 -> 32.9-33.7
+ * ms, its 1-row decode 20.1-20.9 -> 19.5-20.1 (alternated). One range a thread with no taking was
+ * as fast at 16 rows but made the decode bimodal: one late thread (a decode's ops take 20-80 us)
+ * held whole ops up. */
 
 /* Takes position j of share s from the front (the owner) or the back: false when none is left. */
 static bool share_take(cpu_share *s, bool back, int64_t *j) {

@@ -166,6 +166,50 @@ TEST(forward_batch_invariance_and_sequences) {
     dfl_model_free(model);
 }
 
+/* One dfl_decode whose outputs fall in several micro-batches (n_ubatch 5, outputs on 2 of every 3
+ * rows) gives each output row the bits of the same batch in one micro-batch: each micro-batch's
+ * head writes its rows at the right place of the logits (on the CPU backend straight into the host
+ * array, with the ids that carry the NaN/Inf flags). */
+TEST(forward_ubatch_split_outputs_same_bits) {
+    char target[512];
+    if (!tu_make_models(t, "m", TINY " --type q8_0", target, NULL, sizeof(target))) return;
+    dfl_error err = {0};
+    dfl_model *model = dfl_model_load(target, NULL, &err);
+    REQUIRE(model != NULL);
+    enum { N = 23, NV = 640 };
+    float *lg[2] = {malloc(N * NV * sizeof(float)), malloc(N * NV * sizeof(float))};
+    REQUIRE(lg[0] && lg[1]);
+    for (int k = 0; k < 2; k++) {
+        dfl_context_params cp = dfl_context_default_params();
+        cp.n_ctx = 64;
+        cp.n_batch = 32;
+        cp.n_ubatch = k == 0 ? 5 : 32;
+        cp.n_outputs = 32;
+        cp.n_threads = cp.n_threads_batch = 2;
+        dfl_context *ctx = dfl_context_new(model, &cp, &err);
+        REQUIRE(ctx != NULL);
+        dfl_batch *b = dfl_batch_init(N, 0, 1, &err);
+        REQUIRE(b != NULL);
+        for (int32_t i = 0; i < N; i++) dfl_batch_add_token(b, (i * 37 + 3) % NV, &i, 0, i % 3 != 1);
+        CHECK_MSG(dfl_decode(ctx, b, &err) == DFL_OK, "%s", err.msg);
+        for (int i = 0; i < N; i++) {
+            const float *l = dfl_get_logits(ctx, i);
+            CHECK((l != NULL) == (i % 3 != 1));
+            if (l != NULL) memcpy(lg[k] + i * NV, l, NV * sizeof(float));
+        }
+        dfl_batch_free(b);
+        dfl_context_free(ctx);
+    }
+    for (int i = 0; i < N; i++) {
+        if (i % 3 == 1) continue;
+        CHECK_MSG(memcmp(lg[0] + i * NV, lg[1] + i * NV, NV * sizeof(float)) == 0,
+                  "row %d: micro-batches of 5 vs one micro-batch differ", i);
+    }
+    free(lg[0]);
+    free(lg[1]);
+    dfl_model_free(model);
+}
+
 TEST(forward_bad_input_leaves_others_intact) {
     char target[512];
     if (!tu_make_models(t, "m", TINY " --type f16", target, NULL, sizeof(target))) return;

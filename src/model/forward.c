@@ -62,25 +62,25 @@ dfl_status forward_target_ubatch(dfl_context *ctx, const batch_ubatch *ub, int64
         op_get_rows(q, x_out, x, rows);
         op_rmsnorm(q, x_out, x_out, &ctx->w.output_norm, hp->norm_eps);
         tensor logits = tensor_rows(&s->logits, 0, n_out);           /* [n_vocab, n_out] */
-        if (ctx->argmax_only) {
-            /* greedy verification: n_out ids instead of n_out x n_vocab floats (the token ids of
-             * s->ids were consumed by the embedding above, on this queue); where the backend has
-             * it, the fused head (the same ids, no logits written, one op) */
+        if (ctx->argmax_only || ctx->logits_direct) {
+            /* n_out ids (the token ids of s->ids were consumed by the embedding above, on this
+             * queue), with each row's NaN/Inf flag (context_check_outputs). Greedy verification
+             * wants only them; logits_direct (a host-visible backend with the fused head) has the
+             * same op write the logits straight into the host array too. Without the fused head:
+             * op_matmul + op_argmax. */
             tensor amax = fwd_vec_head(&s->ids, n_out);                  /* [n_out] i32 */
             if (backend_get_caps(ctx->be).matmul_argmax) {
-                op_matmul_argmax(q, amax, ctx->w.output, x_out, 1.0f);
+                tensor host;                                             /* [n_vocab, n_out] or none */
+                memset(&host, 0, sizeof(host));
+                if (!ctx->argmax_only) {
+                    host = tensor_2d(QUANT_TYPE_F32, ctx->logits + (size_t)n_out_before * (size_t)ctx->n_vocab,
+                                     ctx->n_vocab, n_out);
+                }
+                op_matmul_argmax_logits(q, amax, ctx->w.output, x_out, 1.0f, host);
             } else {
                 op_matmul(q, logits, ctx->w.output, x_out);
                 op_argmax(q, amax, logits);
             }
-            op_read(q, ctx->argmax_ids + n_out_before, amax, (size_t)n_out * sizeof(int32_t));
-        } else if (ctx->logits_direct) {
-            /* a host-visible backend with the fused head writes the logits straight into the
-             * host array, with each row's argmax and its NaN/Inf flag (context_check_outputs) */
-            tensor host = tensor_2d(QUANT_TYPE_F32, ctx->logits + (size_t)n_out_before * (size_t)ctx->n_vocab,
-                                    ctx->n_vocab, n_out);                /* [n_vocab, n_out] */
-            tensor amax = fwd_vec_head(&s->ids, n_out);                  /* [n_out] i32 */
-            op_matmul_argmax_logits(q, amax, ctx->w.output, x_out, 1.0f, host);
             op_read(q, ctx->argmax_ids + n_out_before, amax, (size_t)n_out * sizeof(int32_t));
         } else {
             op_matmul(q, logits, ctx->w.output, x_out);

@@ -172,6 +172,154 @@ TEST(gemm_float_long_rows_across_input_blocks) {
     }
 }
 
+/* ---- F16 / BF16 packed as P16_X16 (AMX-BF16 tiles, cpu_gemm_p16_amx.c) ----------------------
+ * Where the level packs F16 / BF16 (pack_layout P16_X16): the tile kernel against the f64
+ * reference on the plain rows (the same tolerance: its sums are at least as close), the scalar
+ * reference of the layout against the same, and the kernel bit for bit against itself over row
+ * and output splits (outputs start at a group of 16): one row at a time must give the batch's
+ * bits. The activation preparation (th / tl) is compared bit for bit with the scalar one. */
+static bool gf_run_packed_case(test_ctx *t, const cpu_kernels *k, const char *lvl, uint32_t type, rng *r, gf_case c) {
+    const int64_t n_in = c.n_in, n_out = c.n_out, rows = c.rows;
+    size_t nb1;
+    void *w = gf_weight(r, type, n_in, n_out, &nb1);
+    const tensor tw = tensor_2d(type, w, n_in, n_out);
+    if (cpu_weight_pack_layout(k, &tw) != TENSOR_LAYOUT_P16_X16) {
+        CHECK_MSG(false, "%s %s [%lld x %lld]: not packed as p16 x16", lvl, quant_type_get(type)->name, (long long)n_in,
+                  (long long)n_out);
+        free(w);
+        return false;
+    }
+    const size_t psz = cpu_weight_pack_size(k, &tw);
+    void *pw = aligned_alloc(64, psz);
+    memset(pw, 0xa5, psz); /* the padding must be written */
+    const tensor tp = cpu_weight_pack(k, &tw, pw);
+    float *x = malloc(sizeof(float) * (size_t)(n_in * rows));
+    for (int64_t i = 0; i < n_in * rows; i++) x[i] = rng_f(r) * (rng_u32(r) % 29 == 0 ? 8.0f : 1.0f);
+    cpu_kernels kr;
+    cpu_kernels_select(&kr, 0);
+    const size_t ab = cpu_act_bytes(CPU_DOT_F32, n_in, rows), tb = cpu_act_bytes(CPU_DOT_BF16T, n_in, rows);
+    void *mem_ref = aligned_alloc(64, ab), *mem_t = aligned_alloc(64, tb), *mem_tr = aligned_alloc(64, tb);
+    memset(mem_t, 0xa5, tb);
+    memset(mem_tr, 0, tb);
+    cpu_act act_ref, act_t, act_tr;
+    cpu_act_layout(&act_ref, CPU_DOT_F32, n_in, rows, mem_ref);
+    cpu_act_layout(&act_t, CPU_DOT_BF16T, n_in, rows, mem_t);
+    cpu_act_layout(&act_tr, CPU_DOT_BF16T, n_in, rows, mem_tr);
+    const bool f16 = type == QUANT_TYPE_F16;
+    for (int64_t i = 0; i < rows; i++) {
+        kr.act_row[type](&act_ref, i, x + i * n_in);
+        k->act_row_packed[type](&act_t, i, x + i * n_in);
+        (f16 ? cpu_act_row_f16_tile_ref : cpu_act_row_bf16_tile_ref)(&act_tr, i, x + i * n_in);
+    }
+    const size_t tn = sizeof(uint16_t) * (size_t)(act_t.row_len * rows);
+    bool ok = memcmp(act_t.th, act_tr.th, tn) == 0 && (!f16 || memcmp(act_t.tl, act_tr.tl, tn) == 0);
+    CHECK_MSG(ok, "%s %s %lld: prepared tile activations differ from the scalar preparation", lvl,
+              quant_type_get(type)->name, (long long)n_in);
+    const size_t ny = sizeof(float) * (size_t)(n_out * rows);
+    float *y = malloc(ny), *y1 = malloc(ny), *ys = malloc(ny), *yref = malloc(ny), *ypr = malloc(ny);
+    cpu_matmul_fn mm = k->matmul_packed[type];
+    mm(tp.data, tp.nb[1], &act_t, 0, rows, y, n_out, 0, n_out);
+    for (int64_t i = 0; i < rows; i++) { /* decode: one row, outputs in groups of 16 */
+        for (int64_t o = 0; o < n_out; o += 16) mm(tp.data, tp.nb[1], &act_t, i, 1, y1, n_out, o, o + 16 < n_out ? o + 16 : n_out);
+    }
+    for (int64_t r0 = 0; r0 < rows;) { /* rows 0-1, then runs of 5 (sets of fewer than 16 rows); outputs 16, then 32s */
+        const int64_t nr = r0 == 0 ? (rows < 2 ? rows : 2) : (rows - r0 < 5 ? rows - r0 : 5);
+        mm(tp.data, tp.nb[1], &act_t, r0, nr, ys, n_out, 0, n_out < 16 ? n_out : 16);
+        for (int64_t o = 16; o < n_out; o += 32) mm(tp.data, tp.nb[1], &act_t, r0, nr, ys, n_out, o, o + 32 < n_out ? o + 32 : n_out);
+        r0 += nr;
+    }
+    cpu_matmul_q_ref(type, w, nb1, &act_ref, 0, rows, yref, n_out, 0, n_out);
+    cpu_matmul_p16_x16_ref(type, tp.data, tp.nb[1], &act_tr, 0, rows, ypr, n_out, 0, n_out);
+    for (int64_t i = 0; i < rows && ok; i++) {
+        for (int64_t o = 0; o < n_out && ok; o++) {
+            const int64_t e = i * n_out + o;
+            double s = 0.0;
+            for (int64_t j = 0; j < n_in; j++) s += fabs((double)gf_w(type, (const char *)w + o * nb1, j) * act_ref.f[i * n_in + j]);
+            const double tol = ldexp(1.0, -23) * ((double)n_in / 8.0 + 16.0) * s;
+            const double err = fabs((double)y[e] - (double)yref[e]), err_r = fabs((double)ypr[e] - (double)yref[e]);
+            if (!(err <= tol) || !(err_r <= ldexp(1.0, -24) * fabs((double)yref[e]) + ldexp(1.0, -40) * s)) {
+                CHECK_MSG(false, "%s %s packed n_in %lld n_out %lld rows %lld: y[%lld][%lld] = %.9g, layout reference %.9g, "
+                          "reference %.9g (err %.3g, tol %.3g)", lvl, quant_type_get(type)->name, (long long)n_in,
+                          (long long)n_out, (long long)rows, (long long)i, (long long)o, y[e], ypr[e], yref[e], err, tol);
+                ok = false;
+            } else if (!gf_same_bits(y[e], y1[e]) || !gf_same_bits(y[e], ys[e])) {
+                CHECK_MSG(false, "%s %s packed n_in %lld n_out %lld rows %lld: y[%lld][%lld] batch %.9g, one row %.9g, split "
+                          "%.9g: not bit-identical", lvl, quant_type_get(type)->name, (long long)n_in, (long long)n_out,
+                          (long long)rows, (long long)i, (long long)o, y[e], y1[e], ys[e]);
+                ok = false;
+            }
+        }
+    }
+    free(w); free(pw); free(x); free(mem_ref); free(mem_t); free(mem_tr);
+    free(y); free(y1); free(ys); free(yref); free(ypr);
+    return ok;
+}
+
+TEST(gemm_float_packed_tiles_vs_ref_and_batch_invariant) {
+    const int64_t n_ins[] = {1, 15, 33, 47, 72, 1000, 2100};
+    const int64_t n_outs[] = {1, 13, 16, 37};
+    const int64_t rowss[] = {1, 3, 15, 16, 17, 32, 33, 130};
+    int ran = 0;
+    for (int level = 0; level < 3; level++) {
+        cpu_kernels k;
+        if (!gf_level_kernels(level, &k)) continue;
+        for (int ti = 0; ti < 2; ti++) {
+            const uint32_t type = ti == 0 ? QUANT_TYPE_F16 : QUANT_TYPE_BF16;
+            if (k.pack_layout[type] != TENSOR_LAYOUT_P16_X16 || k.matmul_packed[type] == NULL) continue;
+            ran++;
+            rng r = {5150 + 3 * (uint64_t)ti};
+            bool ok = true;
+            for (size_t a = 0; a < sizeof(n_ins) / sizeof(n_ins[0]) && ok; a++) {
+                for (size_t b = 0; b < sizeof(n_outs) / sizeof(n_outs[0]) && ok; b++) {
+                    for (size_t c = 0; c < sizeof(rowss) / sizeof(rowss[0]) && ok; c++) {
+                        if (rowss[c] == 130 && n_ins[a] >= 1000 && n_outs[b] > 16) continue; /* time */
+                        ok = gf_run_packed_case(t, &k, k_level_names[level], type, &r, (gf_case){n_ins[a], n_outs[b], rowss[c]});
+                    }
+                }
+            }
+        }
+    }
+    if (ran == 0) test_skip(t, "this machine has no AMX-BF16: no level packs F16 / BF16");
+}
+
+/* The tile activations of special values, bit for bit against the scalar preparation: f16
+ * subnormals, values that round to f16 Inf, Inf, NaN, -0, bf16 ties. */
+TEST(gemm_float_tile_activations_special_values) {
+    cpu_kernels k;
+    if (!gf_level_kernels(2, &k) || k.act_row_packed[QUANT_TYPE_F16] == NULL) {
+        test_skip(t, "this machine has no AMX-BF16");
+        return;
+    }
+    enum { N = 45 };
+    float x[N];
+    rng r = {99};
+    for (int i = 0; i < N; i++) x[i] = rng_f(&r) * ldexp(1.0f, (int)(rng_u32(&r) % 40) - 30);
+    x[0] = 3e-8f; x[1] = -6e-5f; x[2] = 70000.0f; x[3] = -65520.0f; x[4] = INFINITY; x[5] = -INFINITY;
+    x[6] = NAN; x[7] = -0.0f; x[8] = 1.0f + ldexp(1.0f, -8); x[9] = 1.0f + 3 * ldexp(1.0f, -8); x[10] = 1e-45f;
+    x[40] = 65504.0f; x[44] = -1e30f;
+    for (int ti = 0; ti < 2; ti++) {
+        const uint32_t type = ti == 0 ? QUANT_TYPE_F16 : QUANT_TYPE_BF16;
+        static uint8_t m1[4096] __attribute__((aligned(64))), m2[4096] __attribute__((aligned(64)));
+        REQUIRE(cpu_act_bytes(CPU_DOT_BF16T, N, 1) <= sizeof(m1));
+        memset(m1, 0x5a, sizeof(m1));
+        memset(m2, 0, sizeof(m2));
+        cpu_act a1, a2;
+        cpu_act_layout(&a1, CPU_DOT_BF16T, N, 1, m1);
+        cpu_act_layout(&a2, CPU_DOT_BF16T, N, 1, m2);
+        k.act_row_packed[type](&a1, 0, x);
+        (ti == 0 ? cpu_act_row_f16_tile_ref : cpu_act_row_bf16_tile_ref)(&a2, 0, x);
+        CHECK(a1.row_len == 64);
+        for (int i = 0; i < a1.row_len; i++) {
+            CHECK_MSG(a1.th[i] == a2.th[i], "%s th[%d] (x = %g): %04x, scalar %04x", quant_type_get(type)->name, i,
+                      i < N ? (double)x[i] : 0.0, a1.th[i], a2.th[i]);
+            if (ti == 0) CHECK_MSG(a1.tl[i] == a2.tl[i], "f16 tl[%d]: %04x, scalar %04x", i, a1.tl[i], a2.tl[i]);
+        }
+        if (ti == 0) { /* th + tl is the f16 value: 1 + 2^-8 keeps its last bit in tl; Inf has tl 0 */
+            CHECK(a2.tl[8] != 0 && a2.tl[4] == 0 && a2.th[4] == 0x7f80 && a2.th[2] == 0x7f80);
+        }
+    }
+}
+
 /* ---- Q8_0 activation quantizers: non-finite and tiny inputs ---------------------------------- */
 
 TEST(gemm_q8_0_quantizer_nonfinite_and_tiny) {

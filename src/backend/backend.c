@@ -196,6 +196,14 @@ static dfl_status check_weight(dfl_error *err, const backend_op *op, const tenso
         } else if (w->nb[1] != rec * (size_t)(w->ne[0] / QK_K) / 16 || w->data == NULL || ((uintptr_t)w->data & 63) != 0) {
             what = "is packed as k-quant x16: needs nb[1] = record bytes x super-blocks / 16 and 64-byte aligned data";
         }
+    } else if (w->layout == TENSOR_LAYOUT_P16_X16) {
+        if (w->type != QUANT_TYPE_F16 && w->type != QUANT_TYPE_BF16) {
+            what = "is packed as p16 x16 but is neither f16 nor bf16";
+        } else if (w->ne[0] <= 0 || w->ne[1] <= 0 || w->ne[2] != 1 || w->ne[3] != 1) {
+            what = "is packed as p16 x16: needs 2 dims";
+        } else if (w->nb[1] != 2 * (size_t)tensor_p16_x16_n_pad(w->ne[0]) || w->data == NULL || ((uintptr_t)w->data & 63) != 0) {
+            what = "is packed as p16 x16: needs nb[1] = 2 x ne[0] rounded up to 32 and 64-byte aligned data";
+        }
     } else if (w->layout != TENSOR_LAYOUT_Q8_0_X16) {
         what = "has an unknown layout";
     } else if (w->type != QUANT_TYPE_Q8_0) {
@@ -487,6 +495,8 @@ size_t tensor_kq_x16_record_bytes(uint32_t type) {
      * + the biased activations' correction x 16 (64) */
     return type == QUANT_TYPE_Q4_K ? 2368 : type == QUANT_TYPE_Q6_K ? 3456 : 0;
 }
+
+int64_t tensor_p16_x16_n_pad(int64_t n_in) { return (n_in + 31) / 32 * 32; }
 
 size_t backend_weight_pack_size(const backend *be, const tensor *w) {
     if (be->vt->weight_pack_size == NULL || w->layout != TENSOR_LAYOUT_PLAIN) return 0;

@@ -61,13 +61,24 @@ typedef struct tensor {
  * TENSOR_LAYOUT_Q6K_X16V (CPU): a Q6_K weight as KQ_X16 (the same groups, record bytes, d and
  * scales), but the quants as ready 6-bit values: per sub-block of 16 values three dwords per lane,
  * values 0..11 in bits 0..5 of their bytes and the 2-bit pieces of values 12..15 in bits 6..7
- * (docs/quantization.md). The AVX2 kernels read it; AVX-512 reads KQ_X16. */
+ * (docs/quantization.md). The AVX2 kernels read it; AVX-512 reads KQ_X16.
+ * TENSOR_LAYOUT_P16_X16 (CPU, AMX-BF16): an F16 or BF16 weight in groups of 16 rows (the last
+ * padded with zero rows), each row's n_in padded with zeros to a multiple of 32 (n_pad); nb[1] =
+ * 2 n_pad, group G from byte 16 G nb[1], as n_pad / 32 blocks of 1024 bytes (inputs 32 t .. 32 t
+ * + 31), 16 lines of 64 bytes each: line p holds inputs 32 t + 2 p and 32 t + 2 p + 1 of the 16
+ * rows; BF16 as the pair (2 p, 2 p + 1) of row c at byte 4 c (a tile's operand order), F16 as
+ * input 2 p of rows 0..15 in bytes 0..31 and input 2 p + 1 in bytes 32..63 (docs/quantization.md,
+ * "F16 and BF16 on AMX tiles"). Output ranges start at a group. */
 typedef enum tensor_layout {
     TENSOR_LAYOUT_PLAIN = 0,
     TENSOR_LAYOUT_Q8_0_X16 = 1,
     TENSOR_LAYOUT_KQ_X16 = 2,
     TENSOR_LAYOUT_Q6K_X16V = 3,
+    TENSOR_LAYOUT_P16_X16 = 4,
 } tensor_layout;
+
+/* Inputs per row of a P16_X16 weight: n_in rounded up to a multiple of 32. */
+int64_t tensor_p16_x16_n_pad(int64_t n_in);
 
 /* Bytes of one KQ_X16 (or Q6K_X16V) record (16 rows, one super-block): Q4_K 2368, Q6_K 3392; 0 for
  * other types. */
@@ -105,6 +116,7 @@ typedef enum backend_cpu_feature {
     BACKEND_CPU_FEATURE_AVX512_VNNI = 1u << 2, /* avx512 vnni (vpdpbusd) */
     BACKEND_CPU_FEATURE_AVX512_BF16 = 1u << 3, /* avx512 bf16 (vdpbf16ps) */
     BACKEND_CPU_FEATURE_AMX_INT8 = 1u << 4,    /* amx tile + int8, with the OS's permission (Linux) */
+    BACKEND_CPU_FEATURE_AMX_BF16 = 1u << 5,    /* amx tile + bf16, with the OS's permission (Linux) */
 } backend_cpu_feature;
 
 typedef struct backend_cpu_params {

@@ -308,7 +308,7 @@ static dfl_context *context_create(dfl_model *model, const dfl_context_params *p
         ctx->weights_on_device = true;
     } else if (!p.no_weight_pack) {
         /* the backend's kernels may read some weights faster repacked (once per model) */
-        ctx->weights_packed = weights_pack_acquire(model, ctx->be, &ctx->w);
+        ctx->weights_packed = weights_pack_acquire(model, ctx->be, &ctx->w, p.target != NULL);
     }
     if (p.target != NULL) {
         /* the drafter uses the target's embedding and head unless it ships its own */

@@ -36,13 +36,16 @@ static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 /* Packs the slots of w on be into a new copy c (c->buf NULL when nothing is packable); false when
  * its memory cannot be allocated (c is then cleared). */
-static bool pack_create(const dfl_model *m, backend *be, ctx_weights *w, model_pack_copy *c) {
+/* The bytes of t's packed copy on be, 0 when it stays as bound (f16: see weights_pack_acquire). */
+static size_t pack_size(backend *be, const tensor *t, bool f16) {
+    if (t->data == NULL || (!f16 && (t->type == QUANT_TYPE_F16 || t->type == QUANT_TYPE_BF16))) return 0;
+    return backend_weight_pack_size(be, t);
+}
+
+static bool pack_create(const dfl_model *m, backend *be, ctx_weights *w, bool f16, model_pack_copy *c) {
     const int64_t n = pack_n_slots(m);
     size_t total = 0;
-    for (int64_t s = 0; s < n; s++) {
-        const tensor *t = pack_slot(w, s);
-        if (t->data != NULL) total += align64(backend_weight_pack_size(be, t));
-    }
+    for (int64_t s = 0; s < n; s++) total += align64(pack_size(be, pack_slot(w, s), f16));
     memset(c, 0, sizeof(*c));
     c->be = be;
     if (total == 0) return true;
@@ -59,7 +62,7 @@ static bool pack_create(const dfl_model *m, backend *be, ctx_weights *w, model_p
     size_t off = 0;
     for (int64_t s = 0; s < n; s++) {
         const tensor *t = pack_slot(w, s);
-        const size_t sz = t->data != NULL ? backend_weight_pack_size(be, t) : 0;
+        const size_t sz = pack_size(be, t, f16);
         if (sz == 0) continue;
         c->packed[s] = backend_weight_pack(be, t, base + off);
         c->packed[s].buf = c->buf;
@@ -76,7 +79,7 @@ static bool pack_create(const dfl_model *m, backend *be, ctx_weights *w, model_p
     return true;
 }
 
-bool weights_pack_acquire(dfl_model *m, backend *be, ctx_weights *w) {
+bool weights_pack_acquire(dfl_model *m, backend *be, ctx_weights *w, bool f16) {
     model_pack_copy *c = NULL, *free_slot = NULL;
     for (int i = 0; i < MODEL_MAX_DEVICE_COPIES; i++) {
         if (m->pack[i].be == be) c = &m->pack[i];
@@ -85,7 +88,7 @@ bool weights_pack_acquire(dfl_model *m, backend *be, ctx_weights *w) {
     if (c == NULL) {
         /* packing only speeds things up: with every slot taken, or no memory for the copy, the
          * context reads the weights as stored */
-        if (free_slot == NULL || !pack_create(m, be, w, free_slot)) return false;
+        if (free_slot == NULL || !pack_create(m, be, w, f16, free_slot)) return false;
         c = free_slot;
     }
     c->refs++;

@@ -10,7 +10,11 @@
  *   of each 16 q (ggml's quantize_row_q8_K_ref, which x86 uses), then of each 32 (pairs of those;
  *   cpu_act_q8_K_sums32, the last step of every Q8_K producer), and a biased copy q + 128 (qsu,
  *   written beside q).
- * - f16 / bf16 (for F16 / BF16 weights): x rounded to the type (nearest even), kept as f32. */
+ * - f16 / bf16 (for F16 / BF16 weights): x rounded to the type (nearest even), kept as f32.
+ * - bf16 tiles (for F16 / BF16 weights packed as P16_X16, AMX-BF16): the same rounded value as bf16
+ *   pairs, rows padded with zeros to a multiple of 32: BF16 as is (th; tl unused); F16's 11 significant bits
+ *   as th = the f32's top 16 bits and tl = the rest (v - th: at most 3 bits, exact as bf16), so
+ *   that th + tl = v and the tile products meet exactly the f16 value (docs/quantization.md). */
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
 #include "base/fp16.h"
@@ -37,6 +41,10 @@ cpu_dot_type cpu_dot_type_of(uint32_t wtype) {
     }
 }
 
+cpu_dot_type cpu_dot_type_of_weight(const tensor *w) {
+    return w->layout == TENSOR_LAYOUT_P16_X16 ? CPU_DOT_BF16T : cpu_dot_type_of(w->type);
+}
+
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 size_t cpu_act_bytes(cpu_dot_type dot, int64_t n_in, int64_t n_rows) {
@@ -50,6 +58,7 @@ size_t cpu_act_bytes(cpu_dot_type dot, int64_t n_in, int64_t n_rows) {
     case CPU_DOT_Q8_K:
         return align64(n) + align64(n / QK_K * sizeof(float)) + align64(n / 16 * sizeof(int16_t)) +
                align64(n / 32 * sizeof(int16_t)) + align64(n);
+    case CPU_DOT_BF16T: return 2 * align64((size_t)tensor_p16_x16_n_pad(n_in) * (size_t)n_rows * sizeof(uint16_t));
     }
     return 0;
 }
@@ -82,6 +91,11 @@ void cpu_act_layout(cpu_act *act, cpu_dot_type dot, int64_t n_in, int64_t n_rows
         act->bsums32 = (int16_t *)((char *)act->bsums + align64(n / 16 * sizeof(int16_t)));
         act->qsu = (uint8_t *)((char *)act->bsums32 + align64(n / 32 * sizeof(int16_t)));
         break;
+    case CPU_DOT_BF16T:
+        act->row_len = tensor_p16_x16_n_pad(n_in);
+        act->th = (uint16_t *)p;
+        act->tl = (uint16_t *)(p + align64((size_t)act->row_len * (size_t)n_rows * sizeof(uint16_t)));
+        break;
     }
 }
 
@@ -94,6 +108,28 @@ void cpu_act_row_bf16_ref(cpu_act *act, int64_t r, const float *x) {
     float *f = act->f + r * act->n_in;
     for (int64_t i = 0; i < act->n_in; i++) f[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
 }
+
+/* Row r of a CPU_DOT_BF16T act from the rounded values v (F16: th and tl; BF16: th). */
+static void act_row_tile_ref(cpu_act *act, int64_t r, const float *x, bool f16) {
+    uint16_t *th = act->th + r * act->row_len, *tl = act->tl + r * act->row_len;
+    for (int64_t i = 0; i < act->row_len; i++) {
+        if (i >= act->n_in) {
+            th[i] = 0;
+            if (f16) tl[i] = 0;
+            continue;
+        }
+        const float v = f16 ? fp16_to_fp32(fp32_to_fp16(x[i])) : bf16_to_fp32(fp32_to_bf16(x[i]));
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        th[i] = (uint16_t)(u >> 16);
+        const float h = bf16_to_fp32(th[i]), l = v - h; /* exact: v has 11 significant bits */
+        memcpy(&u, &l, 4);
+        if (f16) tl[i] = isfinite(v) ? (uint16_t)(u >> 16) : 0; /* Inf: th alone (Inf - Inf would be NaN) */
+    }
+}
+
+void cpu_act_row_f16_tile_ref(cpu_act *act, int64_t r, const float *x) { act_row_tile_ref(act, r, x, true); }
+void cpu_act_row_bf16_tile_ref(cpu_act *act, int64_t r, const float *x) { act_row_tile_ref(act, r, x, false); }
 
 void cpu_act_row_q8_0_ref(cpu_act *act, int64_t r, const float *x) {
     const int64_t nb = act->n_in / QK8_0, nb_pad = act->row_len / QK8_0;
@@ -309,6 +345,16 @@ void cpu_kernels_select(cpu_kernels *k, uint32_t features) {
         k->pack_layout[QUANT_TYPE_Q4_K] = TENSOR_LAYOUT_KQ_X16;
         k->matmul_packed[QUANT_TYPE_Q6_K] = cpu_mm_q6_K_x16_amx;
         k->pack_layout[QUANT_TYPE_Q6_K] = TENSOR_LAYOUT_KQ_X16;
+        k->name = "avx512+amx";
+    }
+    if ((features & BACKEND_CPU_FEATURE_AVX512) && (features & BACKEND_CPU_FEATURE_AVX512_VNNI) &&
+        (features & BACKEND_CPU_FEATURE_AMX_BF16)) {
+        k->matmul_packed[QUANT_TYPE_F16] = cpu_mm_f16_p16_amx;
+        k->pack_layout[QUANT_TYPE_F16] = TENSOR_LAYOUT_P16_X16;
+        k->act_row_packed[QUANT_TYPE_F16] = cpu_act_row_f16_tile_512;
+        k->matmul_packed[QUANT_TYPE_BF16] = cpu_mm_bf16_p16_amx;
+        k->pack_layout[QUANT_TYPE_BF16] = TENSOR_LAYOUT_P16_X16;
+        k->act_row_packed[QUANT_TYPE_BF16] = cpu_act_row_bf16_tile_512;
         k->name = "avx512+amx";
     }
 #else

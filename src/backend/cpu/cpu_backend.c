@@ -421,14 +421,15 @@ static bool cpu_has_f16c(void) {
     return (c & (1u << 29)) != 0;
 }
 
-/* AMX tiles with int8 products: CPUID leaf 7 EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), the OS
+/* AMX tiles with int8 (bf16) products: CPUID leaf 7 EDX bits 24 (AMX-TILE) and 25 (AMX-INT8; 22:
+ * AMX-BF16), the OS
  * saving the tile state (XCR0 bits 17, 18), and on Linux the process's permission to use it
  * (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA; granted once for the whole process, which is
  * idempotent, so asking again at each detection changes nothing). */
-static bool cpu_has_amx_int8(void) {
+static bool cpu_has_amx(unsigned bit) {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    if ((d & (1u << 24)) == 0 || (d & (1u << 25)) == 0) return false;
+    if ((d & (1u << 24)) == 0 || (d & (1u << bit)) == 0) return false;
     if (!__get_cpuid(1, &a, &b, &c, &d) || (c & (1u << 27)) == 0) return false; /* OSXSAVE */
     uint32_t lo = 0, hi = 0;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -452,7 +453,8 @@ uint32_t cpu_features_detect(void) {
             f |= BACKEND_CPU_FEATURE_AVX512;
             if (__builtin_cpu_supports("avx512vnni")) f |= BACKEND_CPU_FEATURE_AVX512_VNNI;
             if (__builtin_cpu_supports("avx512bf16")) f |= BACKEND_CPU_FEATURE_AVX512_BF16;
-            if (cpu_has_amx_int8()) f |= BACKEND_CPU_FEATURE_AMX_INT8;
+            if (cpu_has_amx(25)) f |= BACKEND_CPU_FEATURE_AMX_INT8;
+            if (cpu_has_amx(22)) f |= BACKEND_CPU_FEATURE_AMX_BF16;
         }
     }
 #endif
@@ -460,7 +462,8 @@ uint32_t cpu_features_detect(void) {
 }
 
 /* DFLASH_CPU_DISABLE (docs/quantization.md): a comma-separated list of code paths not to use, for
- * A/B timing of the same binary: "amx", "avx512" (with VNNI, BF16 and AMX), "avx2" (everything:
+ * A/B timing of the same binary: "amx-bf16" (the F16 / BF16 tiles only), "amx", "avx512" (with VNNI,
+ * BF16 and AMX), "avx2" (everything:
  * the scalar kernels). Adds their bits to *bits; false (and err) on an unknown name. */
 static bool cpu_env_disable(uint32_t *bits, dfl_error *err) {
     const char *v = getenv("DFLASH_CPU_DISABLE");
@@ -469,14 +472,16 @@ static bool cpu_env_disable(uint32_t *bits, dfl_error *err) {
     while (*p != '\0') {
         const char *e = strchr(p, ',');
         const size_t n = e != NULL ? (size_t)(e - p) : strlen(p);
-        if (n == 3 && strncmp(p, "amx", 3) == 0) {
-            *bits |= BACKEND_CPU_FEATURE_AMX_INT8;
+        if (n == 8 && strncmp(p, "amx-bf16", 8) == 0) {
+            *bits |= BACKEND_CPU_FEATURE_AMX_BF16;
+        } else if (n == 3 && strncmp(p, "amx", 3) == 0) {
+            *bits |= BACKEND_CPU_FEATURE_AMX_INT8 | BACKEND_CPU_FEATURE_AMX_BF16;
         } else if (n == 6 && strncmp(p, "avx512", 6) == 0) {
             *bits |= BACKEND_CPU_FEATURE_AVX512;
         } else if (n == 4 && strncmp(p, "avx2", 4) == 0) {
             *bits |= BACKEND_CPU_FEATURE_AVX2;
         } else if (n > 0) {
-            error_set(err, DFL_ERR_INVALID, "DFLASH_CPU_DISABLE=\"%s\": unknown code path \"%.*s\" (amx, avx512, avx2)", v,
+            error_set(err, DFL_ERR_INVALID, "DFLASH_CPU_DISABLE=\"%s\": unknown code path \"%.*s\" (amx-bf16, amx, avx512, avx2)", v,
                       (int)n, p);
             return false;
         }
@@ -513,7 +518,7 @@ backend *backend_cpu_new(const backend_cpu_params *params, dfl_error *err) {
     if (!(be->features & BACKEND_CPU_FEATURE_AVX2)) be->features = 0;
     if (!(be->features & BACKEND_CPU_FEATURE_AVX512)) {
         be->features &= ~(uint32_t)(BACKEND_CPU_FEATURE_AVX512_VNNI | BACKEND_CPU_FEATURE_AVX512_BF16 |
-                                    BACKEND_CPU_FEATURE_AMX_INT8);
+                                    BACKEND_CPU_FEATURE_AMX_INT8 | BACKEND_CPU_FEATURE_AMX_BF16);
     }
     cpu_kernels_select(&be->kernels, be->features);
     pthread_mutex_init(&be->exec_mu, NULL);

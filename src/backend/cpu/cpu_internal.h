@@ -23,6 +23,9 @@ typedef enum cpu_dot_type {
     CPU_DOT_F32 = 0, /* f32 rows; values rounded to f16 / bf16 for F16 / BF16 weights */
     CPU_DOT_Q8_0 = 1, /* blocks of 32: int8 q, f32 d (an f16 value), as llama.cpp's x86 quantizer */
     CPU_DOT_Q8_K = 2, /* blocks of 256: int8 q, f32 d, int16 sums of each 16 q (llama.cpp's Q8_K) */
+    CPU_DOT_BF16T = 3, /* P16_X16 weights (AMX-BF16 tiles): rows of bf16 pairs, n_in padded to 32 with
+                        * zeros; BF16 weights: the bf16-rounded value (th); F16 weights: the
+                        * f16-rounded value v as th = v's top 16 bits and tl = v - th (exact) */
 } cpu_dot_type;
 
 /* Q8_0 activations are stored in groups of 16 blocks (512 values) "transposed": byte
@@ -64,13 +67,16 @@ typedef struct cpu_act {
     int16_t *bsums32; /* [n_rows][n_in / 32]       CPU_DOT_Q8_K: bsums[2j] + bsums[2j+1] (a sub-block of 32) */
     uint8_t *qsu;     /* [n_rows][n_in]            CPU_DOT_Q8_K: qs + 128 (1..255), the unsigned operand of
                        * the AVX-512 packed Q6_K kernel (its weights are the signed one) */
+    uint16_t *th, *tl; /* [n_rows][row_len]        CPU_DOT_BF16T (row_len = n_in rounded up to 32) */
     int pf_l1_rows;   /* the packed AVX-512 kernels' row tiles of at most this many rows prefetch the
                        * weights ahead into L1, larger ones into L2 (cpu_kernels.pf_l1_rows; 2 from
                        * cpu_act_layout) */
 } cpu_act;
 
-/* The dot type a weight type is multiplied with. */
+/* The dot type a weight type is multiplied with (plain layout). */
 cpu_dot_type cpu_dot_type_of(uint32_t wtype);
+/* The dot type of a matmul's weight: its type's, or CPU_DOT_BF16T for a P16_X16 one. */
+cpu_dot_type cpu_dot_type_of_weight(const tensor *w);
 /* Bytes of scratch cpu_act_layout needs for n_rows rows of n_in. */
 size_t cpu_act_bytes(cpu_dot_type dot, int64_t n_in, int64_t n_rows);
 /* Points the arrays of act into mem (64-byte aligned pieces). */
@@ -79,6 +85,8 @@ void cpu_act_layout(cpu_act *act, cpu_dot_type dot, int64_t n_in, int64_t n_rows
 /* Prepares one activation row r of act from x [n_in] (scalar reference versions). */
 void cpu_act_row_f16_ref(cpu_act *act, int64_t r, const float *x);  /* f16-rounded f32 */
 void cpu_act_row_bf16_ref(cpu_act *act, int64_t r, const float *x); /* bf16-rounded f32 */
+void cpu_act_row_f16_tile_ref(cpu_act *act, int64_t r, const float *x);  /* CPU_DOT_BF16T, F16 weights */
+void cpu_act_row_bf16_tile_ref(cpu_act *act, int64_t r, const float *x); /* CPU_DOT_BF16T, BF16 weights */
 void cpu_act_row_q8_0_ref(cpu_act *act, int64_t r, const float *x);
 void cpu_act_row_q8_K_ref(cpu_act *act, int64_t r, const float *x);
 /* Row r's bsums32 from its bsums (the last step of every Q8_K row producer; each producer writes
@@ -129,6 +137,7 @@ typedef struct cpu_kernels {
     cpu_matmul_fn matmul_packed[QUANT_TYPE_COUNT];
     uint32_t pack_layout[QUANT_TYPE_COUNT]; /* the tensor_layout matmul_packed reads */
     cpu_act_row_fn act_row[QUANT_TYPE_COUNT]; /* by weight type */
+    cpu_act_row_fn act_row_packed[QUANT_TYPE_COUNT]; /* for packed weights whose dot type differs (P16_X16) */
     cpu_dot_f16_fn dot_f16;
     cpu_axpy_f16_fn axpy_f16;
     cpu_softmax_fn softmax_row;
@@ -151,6 +160,12 @@ typedef struct cpu_kernels {
      * 3 alternated rounds: 8 711-731 ms, 16 643-700 (a 16-row verify the same, 31.5-32.5). */
     int attn_rows;
 } cpu_kernels;
+
+/* The activation preparation of a matmul's weight w: act_row_packed for a P16_X16 weight (dot type
+ * CPU_DOT_BF16T), else act_row of its type. */
+static inline cpu_act_row_fn cpu_act_prep_of(const cpu_kernels *k, const tensor *w) {
+    return w->layout == TENSOR_LAYOUT_P16_X16 ? k->act_row_packed[w->type] : k->act_row[w->type];
+}
 
 /* Fills k for the feature bits (backend_cpu_feature) usable on this machine. */
 void cpu_kernels_select(cpu_kernels *k, uint32_t features);
@@ -228,6 +243,18 @@ void cpu_mm_q4_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_
                          int64_t ds, int64_t o0, int64_t o1);
 void cpu_mm_q6_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                          int64_t ds, int64_t o0, int64_t o1);
+/* The AMX-BF16 matmul of P16_X16 weights (cpu_gemm_p16_amx.c) against CPU_DOT_BF16T activations,
+ * every row count; o0 a multiple of 16. Require BACKEND_CPU_FEATURE_AMX_BF16. */
+void cpu_mm_f16_p16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                        int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_bf16_p16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                         int64_t ds, int64_t o0, int64_t o1);
+void cpu_act_row_f16_tile_512(cpu_act *act, int64_t r, const float *x);
+void cpu_act_row_bf16_tile_512(cpu_act *act, int64_t r, const float *x);
+/* Scalar reference of the P16_X16 layout: per output the f64 sum of the products of the packed
+ * values and th (+ tl), rounded to f32 once. */
+void cpu_matmul_p16_x16_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                            float *dst, int64_t ds, int64_t o0, int64_t o1);
 /* Scalar reference of the KQ_X16 and Q6K_X16V layouts (the f64 sums of cpu_matmul_q_ref on the
  * plain rows). */
 void cpu_matmul_kq_x16_ref(uint32_t wtype, uint32_t layout, const void *w, size_t w_nb1, const cpu_act *act,

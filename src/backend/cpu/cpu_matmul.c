@@ -152,14 +152,14 @@ static void matmul_act_note(cpu_backend *be, const tensor *x, cpu_act_row_fn pre
 void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
     const tensor *w = &op->src[0], *x = &op->src[1];
     const int64_t n_in = w->ne[0], n_out = w->ne[1], n_rows = x->ne[1];
-    const cpu_dot_type dot = cpu_dot_type_of(w->type);
+    const cpu_dot_type dot = cpu_dot_type_of_weight(w);
 
     matmul_job job;
     job.op = op;
     job.kernel = w->layout != TENSOR_LAYOUT_PLAIN ? be->kernels.matmul_packed[w->type] : be->kernels.matmul[w->type];
     /* a packed weight comes from this backend's own kernels (backend_weight_pack) */
     DFL_ASSERT(w->layout == TENSOR_LAYOUT_PLAIN || w->layout == be->kernels.pack_layout[w->type]);
-    job.prep = be->kernels.act_row[w->type];
+    job.prep = cpu_act_prep_of(&be->kernels, w);
     DFL_ASSERT(job.kernel != NULL && job.prep != NULL);
     cpu_act_layout(&job.act, dot, n_in, n_rows, cpu_scratch(be, cpu_act_bytes(dot, n_in, n_rows)));
     job.act.pf_l1_rows = be->kernels.pf_l1_rows;
@@ -182,8 +182,9 @@ void cpu_op_matmul(cpu_backend *be, const backend_op *op) {
      * weight rows at a time) */
     int64_t chunk = (n_out + 8 * nth - 1) / (8 * nth);
     if (chunk < 16) chunk = 16;
-    /* KQ_X16 / Q6K_X16V weights come in groups of 16 rows: chunks start at a group */
-    const bool groups16 = w->layout == TENSOR_LAYOUT_KQ_X16 || w->layout == TENSOR_LAYOUT_Q6K_X16V;
+    /* KQ_X16 / Q6K_X16V / P16_X16 weights come in groups of 16 rows: chunks start at a group */
+    const bool groups16 = w->layout == TENSOR_LAYOUT_KQ_X16 || w->layout == TENSOR_LAYOUT_Q6K_X16V ||
+                          w->layout == TENSOR_LAYOUT_P16_X16;
     chunk = groups16 ? (chunk + 15) & ~(int64_t)15 : (chunk + 3) & ~(int64_t)3;
     job.chunk = chunk;
     job.n_chunks = (n_out + chunk - 1) / chunk;
@@ -260,14 +261,14 @@ static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 void cpu_op_matmul_argmax(cpu_backend *be, const backend_op *op) {
     const tensor *w = &op->src[0], *x = &op->src[1], *d = &op->dst;
     const int64_t n_in = w->ne[0], n_out = w->ne[1], n_rows = x->ne[1];
-    const cpu_dot_type dot = cpu_dot_type_of(w->type);
+    const cpu_dot_type dot = cpu_dot_type_of_weight(w);
 
     mmax_job job;
     job.op = op;
     job.kernel = w->layout != TENSOR_LAYOUT_PLAIN ? be->kernels.matmul_packed[w->type] : be->kernels.matmul[w->type];
     /* a packed weight comes from this backend's own kernels (backend_weight_pack) */
     DFL_ASSERT(w->layout == TENSOR_LAYOUT_PLAIN || w->layout == be->kernels.pack_layout[w->type]);
-    job.prep = be->kernels.act_row[w->type];
+    job.prep = cpu_act_prep_of(&be->kernels, w);
     job.argmax = be->kernels.argmax_row;
     DFL_ASSERT(job.kernel != NULL && job.prep != NULL && job.argmax != NULL);
 

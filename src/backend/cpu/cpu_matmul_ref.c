@@ -241,3 +241,25 @@ void cpu_matmul_kq_x16_ref(uint32_t wtype, uint32_t layout, const void *w, size_
         }
     }
 }
+
+void cpu_matmul_p16_x16_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                            float *dst, int64_t ds, int64_t o0, int64_t o1) {
+    const bool bf16 = wtype == QUANT_TYPE_BF16;
+    const int64_t ld = act->row_len;
+    for (int64_t o = o0; o < o1; o++) {
+        const uint16_t *group = (const uint16_t *)((const uint8_t *)w + (size_t)(o / 16) * 16 * w_nb1);
+        const int c = (int)(o % 16);
+        for (int64_t r = r0; r < r0 + nr; r++) {
+            double sum = 0.0;
+            for (int64_t i = 0; i < ld; i++) {
+                const int64_t t = i / 32, p = (i % 32) / 2, e = i % 2;
+                const uint16_t v = group[t * 512 + p * 32 + (bf16 ? 2 * c + e : 16 * e + c)];
+                const double wv = bf16 ? (double)bf16_to_fp32(v) : (double)fp16_to_fp32(v);
+                double xv = (double)bf16_to_fp32(act->th[r * ld + i]);
+                if (!bf16) xv += (double)bf16_to_fp32(act->tl[r * ld + i]);
+                sum += wv * xv;
+            }
+            dst[r * ds + o] = (float)sum;
+        }
+    }
+}

@@ -14,10 +14,16 @@
  * - TENSOR_LAYOUT_Q6K_X16V: Q6_K as KQ_X16 with the quants as ready 6-bit values, four in every
  *   three bytes (cpu_internal.h: CPU_Q6K_X16V_QV): the AVX2 kernels take a value vector with one
  *   mask (three of four) instead of assembling it from ql and qh.
- * Packed weights give the same bits as plain ones (the kernels do the same integer and f32
+ * - TENSOR_LAYOUT_P16_X16: F16 / BF16 rows in groups of 16 as the AMX-BF16 tile operands want
+ *   them (backend.h): per block of 32 inputs, 16 lines of 64 bytes, one per pair of inputs; BF16
+ *   in the tiles' pair order, F16 with each pair's first inputs of the 16 rows in the low half of
+ *   the line and the second in the high half, so that the kernel's split into bf16 parts puts the
+ *   pairs together with one shift and one OR. Same bytes as the rows, plus the padding.
+ * The first three give the same bits as plain weights (the kernels do the same integer and f32
  * operations on the same values). A type is packed only where the level has a kernel for it
  * (cpu_kernels.pack_layout names the layout): Q8_0 at every level, Q4_K / Q6_K at AVX2 and
- * AVX-512. */
+ * AVX-512, F16 / BF16 with AMX-BF16 (whose tiles sum differently from the plain F16 kernels: every
+ * row count of such a backend takes them, so a row's result still does not depend on its batch). */
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
 
@@ -41,8 +47,13 @@ uint32_t cpu_weight_pack_layout(const cpu_kernels *k, const tensor *w) {
     }
     if (layout == TENSOR_LAYOUT_KQ_X16) return tensor_kq_x16_record_bytes(w->type) != 0 ? layout : TENSOR_LAYOUT_PLAIN;
     if (layout == TENSOR_LAYOUT_Q6K_X16V) return w->type == QUANT_TYPE_Q6_K ? layout : TENSOR_LAYOUT_PLAIN;
+    if (layout == TENSOR_LAYOUT_P16_X16) {
+        return w->type == QUANT_TYPE_F16 || w->type == QUANT_TYPE_BF16 ? layout : TENSOR_LAYOUT_PLAIN;
+    }
     return TENSOR_LAYOUT_PLAIN;
 }
+
+static size_t p16_x16_group_bytes(int64_t n_in) { return 16 * 2 * (size_t)tensor_p16_x16_n_pad(n_in); }
 
 size_t cpu_weight_pack_size(const cpu_kernels *k, const tensor *w) {
     switch (cpu_weight_pack_layout(k, w)) {
@@ -50,6 +61,7 @@ size_t cpu_weight_pack_size(const cpu_kernels *k, const tensor *w) {
     case TENSOR_LAYOUT_KQ_X16:
     case TENSOR_LAYOUT_Q6K_X16V:
         return (size_t)((w->ne[1] + 15) / 16) * (size_t)(w->ne[0] / QK_K) * tensor_kq_x16_record_bytes(w->type);
+    case TENSOR_LAYOUT_P16_X16: return (size_t)((w->ne[1] + 15) / 16) * p16_x16_group_bytes(w->ne[0]);
     default: return 0;
     }
 }
@@ -135,6 +147,28 @@ void cpu_weight_pack_part(const cpu_kernels *k, const tensor *w, void *dst, int 
         }
         return;
     }
+    if (layout == TENSOR_LAYOUT_P16_X16) {
+        const int64_t n_in = w->ne[0], n_out = w->ne[1], n_g = (n_out + 15) / 16, nb = tensor_p16_x16_n_pad(n_in) / 32;
+        const int64_t g0 = n_g * part / n_parts, g1 = n_g * (part + 1) / n_parts;
+        const bool bf16 = w->type == QUANT_TYPE_BF16;
+        for (int64_t g = g0; g < g1; g++) {
+            uint16_t *G = (uint16_t *)((uint8_t *)dst + (size_t)g * p16_x16_group_bytes(n_in));
+            for (int64_t t = 0; t < nb; t++) {
+                for (int p = 0; p < 16; p++) {
+                    uint16_t *line = G + (size_t)t * 512 + (size_t)p * 32;
+                    for (int c = 0; c < 16; c++) {
+                        for (int e = 0; e < 2; e++) { /* e: the pair's first (0) or second input */
+                            const int64_t o = 16 * g + c, i = 32 * t + 2 * p + e;
+                            uint16_t v = 0;
+                            if (o < n_out && i < n_in) memcpy(&v, (const char *)w->data + (size_t)o * w->nb[1] + 2 * (size_t)i, 2);
+                            line[bf16 ? 2 * c + e : 16 * e + c] = v;
+                        }
+                    }
+                }
+            }
+        }
+        return;
+    }
     const size_t rec = tensor_kq_x16_record_bytes(w->type);
     const int64_t nsb = w->ne[0] / QK_K, n_out = w->ne[1], n_g = (n_out + 15) / 16;
     const int64_t g0 = n_g * part / n_parts, g1 = n_g * (part + 1) / n_parts;
@@ -156,8 +190,9 @@ tensor cpu_weight_packed_view(const cpu_kernels *k, const tensor *w, void *dst) 
     t.data = dst;
     t.buf = NULL;
     t.layout = layout;
-    t.nb[1] = layout == TENSOR_LAYOUT_Q8_0_X16 ? q8_0_x16_row_stride(w->ne[0])
-                                              : tensor_kq_x16_record_bytes(w->type) * (size_t)(w->ne[0] / QK_K) / 16;
+    t.nb[1] = layout == TENSOR_LAYOUT_Q8_0_X16   ? q8_0_x16_row_stride(w->ne[0])
+              : layout == TENSOR_LAYOUT_P16_X16 ? p16_x16_group_bytes(w->ne[0]) / 16
+                                                : tensor_kq_x16_record_bytes(w->type) * (size_t)(w->ne[0] / QK_K) / 16;
     t.nb[2] = t.nb[1] * (size_t)w->ne[1];
     t.nb[3] = t.nb[2];
     return t;

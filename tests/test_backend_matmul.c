@@ -54,7 +54,7 @@ TEST(backend_matmul_vs_ref) {
                     tv_view_check(t, &op.src[1], x, (size_t)(c.n_in * c.n_rows) * 4, "matmul", "x"));
             cpu_op_matmul_ref(&op);
             mm_norms(N, type, w, c.n_in, c.n_out, x, c.n_rows);
-            for (int level = 0; level < 3; level++) {
+            for (int level = 0; level < TEST_LEVELS; level++) {
                 if (!level_available(level)) continue;
                 backend *be = make_backend(2, level, false);
                 REQUIRE(be != NULL);
@@ -81,7 +81,7 @@ TEST(backend_matmul_vs_ref) {
 /* The optimized preparation and kernels against the scalar reference of the same computation. */
 TEST(backend_matmul_quantized_path_exact) {
     rng r = {777};
-    for (int level = 1; level < 3; level++) {
+    for (int level = 1; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         cpu_kernels ks, kref;
         cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
@@ -258,7 +258,7 @@ static void mmax_case(test_ctx *t, rng *r, backend *be, uint32_t type, int64_t n
 
 TEST(backend_matmul_argmax_fused) {
     rng r = {4242};
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         for (int nt = 1; nt <= 3; nt += 2) {
             backend *be = make_backend(nt, level, false);
@@ -371,7 +371,7 @@ TEST(backend_matmul_batch_invariant) {
     enum { N_IN = 4096, N_OUT = 67, N_ROWS = 140 };
     static float x[N_IN * N_ROWS], y_all[N_OUT * N_ROWS], y_one[N_OUT];
     fill_f32(&r, x, N_IN * N_ROWS, 2.0f);
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         backend *be = make_backend(2, level, false);
         REQUIRE(be);
@@ -403,7 +403,7 @@ TEST(backend_act_quantizer_rules) {
     x[0] = 127.0f; x[1] = 0.5f; x[2] = 1.5f; x[3] = 2.5f; x[4] = -0.5f; x[5] = -1.5f; x[6] = -127.0f; x[7] = 3.49f;
     /* block 16 (first of the second group): one value */
     x[16 * 32 + 3] = -0.25f;
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         cpu_kernels k;
         cpu_kernels_select(&k, cpu_features_detect() & ~level_disable(level));

@@ -281,7 +281,7 @@ static void attn_case(test_ctx *t, rng *r, uint32_t ktype, uint32_t vtype, int64
 TEST(backend_op_attention) {
     rng r = {8};
     const uint32_t F16 = QUANT_TYPE_F16, F32 = QUANT_TYPE_F32;
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         for (int nt = 1; nt <= 3; nt += 2) {
             for (int mk = 0; mk < 4; mk++) {
@@ -322,7 +322,7 @@ TEST(backend_attention_row_invariance) {
         kc[i] = fp32_to_fp16(rng_f(&r) * 2.0f);
         vc[i] = fp32_to_fp16(rng_f(&r));
     }
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         for (int mk = 0; mk < 2; mk++) {
             for (int iq = 0; iq < NQ; iq++) {
@@ -442,7 +442,7 @@ static void attn_struct_case(test_ctx *t, rng *r, uint32_t ktype, uint32_t vtype
 TEST(backend_attention_structured_masks) {
     rng r = {21};
     const uint32_t F16 = QUANT_TYPE_F16, F32 = QUANT_TYPE_F32;
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         for (int nt = 1; nt <= 3; nt += 2) {
             attn_struct_case(t, &r, F16, F16, 64, 4, 2, 5, 37, nt, level);
@@ -466,7 +466,7 @@ TEST(backend_f16_dot_axpy_kernels) {
     uint16_t h[1000];
     cpu_kernels kr;
     cpu_kernels_init_ref(&kr);
-    for (int level = 1; level < 3; level++) {
+    for (int level = 1; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         cpu_kernels ks;
         cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
@@ -729,7 +729,7 @@ TEST(backend_light_row_kernels) {
     float *d1 = malloc(8192 * sizeof(float)), *d2 = malloc(8192 * sizeof(float));
     uint16_t *h1 = malloc(65536 * sizeof(uint16_t)), *h2 = malloc(8192 * sizeof(uint16_t));
     REQUIRE(a && b && d1 && d2 && h1 && h2);
-    for (int level = 1; level < 3; level++) {
+    for (int level = 1; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         cpu_kernels ks, kr;
         cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
@@ -899,7 +899,7 @@ TEST(backend_op_validation_messages) {
 /* The attention softmax kernels against the reference softmax (exp within a few ulp). */
 TEST(backend_softmax_kernels) {
     rng r = {31};
-    for (int level = 1; level < 3; level++) {
+    for (int level = 1; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         cpu_kernels k;
         cpu_kernels_select(&k, cpu_features_detect() & ~level_disable(level));
@@ -934,7 +934,7 @@ TEST(backend_softmax_kernels) {
  * attention output of that head; an all -Inf row still gives zeros. */
 TEST(backend_nonfinite_scores_propagate) {
     rng r = {41};
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         cpu_kernels k;
         cpu_kernels_select(&k, cpu_features_detect() & ~level_disable(level));

@@ -29,13 +29,17 @@ void fill_f32(rng *r, float *x, int64_t n, float scale) {
     }
 }
 
-/* Feature levels: 0 scalar, 1 avx2, 2 avx512 (if the machine has them). */
-const char *const k_level_names[3] = {"scalar", "avx2", "avx512"};
+/* Feature levels: 0 scalar, 1 avx2, 2 avx512 (VNNI, without AMX), 3 avx512 with AMX (if the machine
+ * has them: the AMX kernels take some row counts and types, so on an AMX machine level 2 runs the
+ * VNNI kernels those would hide). */
+const char *const k_level_names[TEST_LEVELS] = {"scalar", "avx2", "avx512", "avx512+amx"};
 
 uint32_t level_disable(int level) {
     switch (level) {
     case 0: return ~0u;
-    case 1: return BACKEND_CPU_FEATURE_AVX512 | BACKEND_CPU_FEATURE_AVX512_VNNI | BACKEND_CPU_FEATURE_AVX512_BF16;
+    case 1: return BACKEND_CPU_FEATURE_AVX512 | BACKEND_CPU_FEATURE_AVX512_VNNI | BACKEND_CPU_FEATURE_AVX512_BF16 |
+                   BACKEND_CPU_FEATURE_AMX_INT8 | BACKEND_CPU_FEATURE_AMX_BF16;
+    case 2: return BACKEND_CPU_FEATURE_AMX_INT8 | BACKEND_CPU_FEATURE_AMX_BF16;
     default: return 0;
     }
 }
@@ -44,6 +48,10 @@ bool level_available(int level) {
     uint32_t f = cpu_features_detect();
     if (level == 1) return (f & BACKEND_CPU_FEATURE_AVX2) != 0;
     if (level == 2) return (f & BACKEND_CPU_FEATURE_AVX512) && (f & BACKEND_CPU_FEATURE_AVX512_VNNI);
+    if (level == 3) {
+        return (f & BACKEND_CPU_FEATURE_AVX512) && (f & BACKEND_CPU_FEATURE_AVX512_VNNI) &&
+               (f & (BACKEND_CPU_FEATURE_AMX_INT8 | BACKEND_CPU_FEATURE_AMX_BF16));
+    }
     return true;
 }
 

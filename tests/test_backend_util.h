@@ -24,8 +24,10 @@ void fill_f32(rng *r, float *x, int64_t n, float scale);
 /* an f16 value uniform in [lo, hi] */
 uint16_t rand_f16(rng *r, float lo, float hi);
 
-/* Feature levels: 0 scalar, 1 avx2, 2 avx512 (if the machine has them). */
-extern const char *const k_level_names[3];
+/* Feature levels: 0 scalar, 1 avx2, 2 avx512 without AMX, 3 avx512 with AMX (if the machine has
+ * them). */
+#define TEST_LEVELS 4
+extern const char *const k_level_names[TEST_LEVELS];
 /* the feature bits to disable for a level */
 uint32_t level_disable(int level);
 bool level_available(int level);

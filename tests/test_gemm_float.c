@@ -136,7 +136,7 @@ TEST(gemm_float_awkward_sizes_vs_ref_and_batch_invariant) {
     const int64_t n_ins[] = {1, 15, 33, 47, 72, 1000};
     const int64_t n_outs[] = {1, 3, 13, 37};
     const int64_t rowss[] = {1, 3, 4, 5, 7, 16, 17, 33, 130};
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         cpu_kernels k;
         if (!gf_level_kernels(level, &k)) continue;
         for (size_t ti = 0; ti < sizeof(k_float_types) / sizeof(k_float_types[0]); ti++) {
@@ -160,7 +160,7 @@ TEST(gemm_float_awkward_sizes_vs_ref_and_batch_invariant) {
  * row's tail in the last block. */
 TEST(gemm_float_long_rows_across_input_blocks) {
     const gf_case cases[] = {{1025, 5, 1}, {2100, 37, 7}, {2100, 3, 17}, {3072 + 13, 9, 6}, {2048, 33, 13}};
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         cpu_kernels k;
         if (!gf_level_kernels(level, &k)) continue;
         for (size_t ti = 0; ti < sizeof(k_float_types) / sizeof(k_float_types[0]); ti++) {
@@ -260,7 +260,7 @@ TEST(gemm_float_packed_tiles_vs_ref_and_batch_invariant) {
     const int64_t n_outs[] = {1, 13, 16, 37};
     const int64_t rowss[] = {1, 3, 15, 16, 17, 32, 33, 130};
     int ran = 0;
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         cpu_kernels k;
         if (!gf_level_kernels(level, &k)) continue;
         for (int ti = 0; ti < 2; ti++) {
@@ -286,7 +286,7 @@ TEST(gemm_float_packed_tiles_vs_ref_and_batch_invariant) {
  * subnormals, values that round to f16 Inf, Inf, NaN, -0, bf16 ties. */
 TEST(gemm_float_tile_activations_special_values) {
     cpu_kernels k;
-    if (!gf_level_kernels(2, &k) || k.act_row_packed[QUANT_TYPE_F16] == NULL) {
+    if (!gf_level_kernels(3, &k) || k.act_row_packed[QUANT_TYPE_F16] == NULL) {
         test_skip(t, "this machine has no AMX-BF16");
         return;
     }
@@ -352,7 +352,7 @@ TEST(gemm_q8_0_quantizer_nonfinite_and_tiny) {
     for (int i = 0; i < ROWS; i++) cpu_act_row_q8_0_ref(&a_ref, i, x[i]);
     const int64_t nbp = a_ref.row_len / QK8_0;
 
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         cpu_kernels k;
         if (!gf_level_kernels(level, &k)) continue;
         const char *lvl = k_level_names[level];

@@ -81,7 +81,7 @@ static float *kq_run_case(test_ctx *t, const cpu_kernels *ks, const cpu_kernels 
 
 TEST(gemm_kquant_vs_ref) {
     rng r = {4242};
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         cpu_kernels ks, kref;
         cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
@@ -113,7 +113,7 @@ TEST(gemm_kquant_vs_ref) {
 /* Every row range [a, b) and output range [c, d) of a call gives the bits of the full call. */
 TEST(gemm_kquant_batch_invariant_kernel) {
     rng r = {777};
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         cpu_kernels ks, kref;
         cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
@@ -195,7 +195,7 @@ TEST(gemm_kquant_batch_invariant_kernel) {
 TEST(gemm_kquant_batch_invariant_op) {
     rng r = {99};
     enum { N_ROWS = 130 };
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         backend *be = make_backend(2, level, false);
         REQUIRE(be != NULL);
@@ -257,7 +257,7 @@ TEST(gemm_q8_K_quantizer_nonfinite_and_tiny) {
     cpu_act a_ref;
     cpu_act_layout(&a_ref, CPU_DOT_Q8_K, N_IN, ROWS, mem_ref);
     for (int i = 0; i < ROWS; i++) cpu_act_row_q8_K_ref(&a_ref, i, x[i]);
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         cpu_kernels k;
         cpu_kernels_select(&k, cpu_features_detect() & ~level_disable(level));

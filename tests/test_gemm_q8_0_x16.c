@@ -130,7 +130,7 @@ static int x16_cmp(test_ctx *t, const float *a, const float *b, int64_t n_out, i
 
 TEST(gemm_q8_0_x16_same_bits_as_plain) {
     rng r = {9001};
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         cpu_kernels ks;
         cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
@@ -179,7 +179,7 @@ TEST(gemm_q8_0_x16_same_bits_as_plain) {
 /* Every row range [a, a + nr) and output range [c, d) gives the full call's bits, nothing else. */
 TEST(gemm_q8_0_x16_batch_invariant) {
     rng r = {4711};
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         cpu_kernels ks;
         cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
@@ -234,7 +234,7 @@ TEST(gemm_q8_0_x16_ops_and_validation) {
     float *y1 = malloc((size_t)(n_out * n_rows) * sizeof(float));
     REQUIRE(w && x && y0 && y1);
     fill_f32(&r, x, n_in * n_rows, 1.0f);
-    for (int level = 0; level < 3; level++) {
+    for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         backend *be = make_backend(2, level, false);
         REQUIRE(be != NULL);

@@ -6,6 +6,8 @@
 #include "test.h"
 #include "test_util.h"
 #include "speculative/session.h"
+#include "backend/cpu/cpu_internal.h"
+#include "model/context.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -271,4 +273,45 @@ TEST(embedded_every_drafter_family_lossless) {
             }
         }
     }
+}
+
+/* The embedded pair is F16: on a CPU with AMX-BF16 the drafter's matmul weights are packed for the
+ * tiles (P16_X16), the target's stay plain (its decode is one row, where the tiles lose), and
+ * dfl_context_params.no_weight_pack keeps the drafter's plain too. */
+TEST(embedded_pair_drafter_f16_tiles_target_plain) {
+    const char *tp = "models/target.gguf", *dp = "models/drafter.gguf";
+    if (access(tp, R_OK) != 0 || access(dp, R_OK) != 0) {
+        test_skip(t, "the embedded pair (models/target.gguf, models/drafter.gguf) is not in this checkout");
+        return;
+    }
+    dfl_error err = {0};
+    dfl_model *tm = dfl_model_load(tp, NULL, &err), *dm = tm ? dfl_model_load(dp, NULL, &err) : NULL;
+    REQUIRE(dm != NULL);
+    const bool tiles = (cpu_features_detect() & BACKEND_CPU_FEATURE_AMX_BF16) &&
+                       (cpu_features_detect() & BACKEND_CPU_FEATURE_AVX512_VNNI);
+    const dfl_hparams *dh = dfl_model_hparams(dm);
+    dfl_context_params cp = dfl_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = cp.n_threads_batch = 1;
+    cp.n_capture = (int32_t)dh->n_target_layers;
+    cp.capture_layers = dh->target_layers;
+    dfl_context *tc = dfl_context_new(tm, &cp, &err);
+    REQUIRE(tc != NULL);
+    CHECK_EQ_INT(tc->w.layers[0].wq.type, QUANT_TYPE_F16);
+    CHECK_EQ_INT(tc->w.layers[0].wq.layout, TENSOR_LAYOUT_PLAIN);
+    for (int np = 0; np < 2; np++) {
+        dfl_context_params dpp = dfl_context_default_params();
+        dpp.target = tc;
+        dpp.no_weight_pack = np == 1;
+        dfl_context *dc = dfl_context_new(dm, &dpp, &err);
+        REQUIRE(dc != NULL);
+        const uint32_t want = tiles && np == 0 ? TENSOR_LAYOUT_P16_X16 : TENSOR_LAYOUT_PLAIN;
+        CHECK_EQ_INT(dc->w.layers[0].wq.layout, want);
+        CHECK_EQ_INT(dc->w.layers[dh->n_layer - 1].ffn_down.layout, want);
+        dfl_context_free(dc);
+    }
+    if (!tiles) test_skip(t, "no AMX-BF16 on this CPU: only the plain layouts were checked");
+    dfl_context_free(tc);
+    dfl_model_free(dm);
+    dfl_model_free(tm);
 }

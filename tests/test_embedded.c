@@ -36,15 +36,31 @@ static const char *k_prompts[] = {
     "Therefore their",
 };
 
-TEST(embedded_pair_lossless_and_accepted) {
+/* Loads the embedded pair into *tm, *dm; false (the test skipped, or failed to load) otherwise. */
+static bool embedded_load(test_ctx *t, dfl_model **tm, dfl_model **dm) {
     const char *tp = "models/target.gguf", *dp = "models/drafter.gguf";
+    *tm = *dm = NULL;
     if (access(tp, R_OK) != 0 || access(dp, R_OK) != 0) {
         test_skip(t, "the embedded pair (models/target.gguf, models/drafter.gguf) is not in this checkout");
-        return;
+        return false;
     }
     dfl_error err = {0};
-    dfl_model *tm = dfl_model_load(tp, NULL, &err), *dm = tm ? dfl_model_load(dp, NULL, &err) : NULL;
-    dfl_vocab *vocab = dm ? dfl_vocab_load(tp, &err) : NULL;
+    *tm = dfl_model_load(tp, NULL, &err);
+    *dm = *tm ? dfl_model_load(dp, NULL, &err) : NULL;
+    CHECK_MSG(*dm != NULL, "the embedded pair does not load: %s", err.msg);
+    if (*dm == NULL) {
+        dfl_model_free(*tm);
+        *tm = NULL;
+    }
+    return *dm != NULL;
+}
+
+TEST(embedded_pair_lossless_and_accepted) {
+    const char *tp = "models/target.gguf";
+    dfl_model *tm, *dm;
+    if (!embedded_load(t, &tm, &dm)) return;
+    dfl_error err = {0};
+    dfl_vocab *vocab = dfl_vocab_load(tp, &err);
     REQUIRE(vocab != NULL);
     const dfl_hparams *dh = dfl_model_hparams(dm);
     dfl_context_params cp = dfl_context_default_params();
@@ -279,14 +295,9 @@ TEST(embedded_every_drafter_family_lossless) {
  * tiles (P16_X16), the target's stay plain (its decode is one row, where the tiles lose), and
  * dfl_context_params.no_weight_pack keeps the drafter's plain too. */
 TEST(embedded_pair_drafter_f16_tiles_target_plain) {
-    const char *tp = "models/target.gguf", *dp = "models/drafter.gguf";
-    if (access(tp, R_OK) != 0 || access(dp, R_OK) != 0) {
-        test_skip(t, "the embedded pair (models/target.gguf, models/drafter.gguf) is not in this checkout");
-        return;
-    }
+    dfl_model *tm, *dm;
+    if (!embedded_load(t, &tm, &dm)) return;
     dfl_error err = {0};
-    dfl_model *tm = dfl_model_load(tp, NULL, &err), *dm = tm ? dfl_model_load(dp, NULL, &err) : NULL;
-    REQUIRE(dm != NULL);
     const bool tiles = (cpu_features_detect() & BACKEND_CPU_FEATURE_AMX_BF16) &&
                        (cpu_features_detect() & BACKEND_CPU_FEATURE_AVX512_VNNI);
     const dfl_hparams *dh = dfl_model_hparams(dm);

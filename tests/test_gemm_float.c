@@ -54,6 +54,15 @@ static float gf_w(uint32_t type, const void *w, int64_t i) {
 
 static bool gf_same_bits(float a, float b) { return memcmp(&a, &b, sizeof(a)) == 0; }
 
+/* The reference tolerance of output (row i, weight row o) (the header comment), and in *s the sum
+ * of |w x| over the row (act_ref: the rounded f32 activations). */
+static double gf_tolerance(uint32_t type, const void *w, size_t nb1, const cpu_act *act_ref, int64_t i, int64_t o, double *s) {
+    const int64_t n_in = act_ref->n_in;
+    *s = 0.0;
+    for (int64_t j = 0; j < n_in; j++) *s += fabs((double)gf_w(type, (const char *)w + o * nb1, j) * act_ref->f[i * n_in + j]);
+    return ldexp(1.0, -23) * ((double)n_in / 8.0 + 16.0) * *s;
+}
+
 /* ---- F32 / F16 / BF16 kernels vs the reference, and batch invariance ------------------------- */
 
 typedef struct gf_case {
@@ -102,9 +111,8 @@ static bool gf_run_case(test_ctx *t, const cpu_kernels *k, const char *lvl, uint
     for (int64_t i = 0; i < rows && ok; i++) {
         for (int64_t o = 0; o < n_out && ok; o++) {
             const int64_t e = i * n_out + o;
-            double s = 0.0;
-            for (int64_t j = 0; j < n_in; j++) s += fabs((double)gf_w(type, (const char *)w + o * nb1, j) * act_ref.f[i * n_in + j]);
-            const double tol = ldexp(1.0, -23) * ((double)n_in / 8.0 + 16.0) * s;
+            double s;
+            const double tol = gf_tolerance(type, w, nb1, &act_ref, i, o, &s);
             const double err = fabs((double)y[e] - (double)yref[e]);
             if (!(err <= tol)) {
                 CHECK_MSG(false, "%s %s n_in %lld n_out %lld rows %lld: y[%lld][%lld] = %.9g, reference %.9g (err %.3g > tol %.3g)",
@@ -233,9 +241,8 @@ static bool gf_run_packed_case(test_ctx *t, const cpu_kernels *k, const char *lv
     for (int64_t i = 0; i < rows && ok; i++) {
         for (int64_t o = 0; o < n_out && ok; o++) {
             const int64_t e = i * n_out + o;
-            double s = 0.0;
-            for (int64_t j = 0; j < n_in; j++) s += fabs((double)gf_w(type, (const char *)w + o * nb1, j) * act_ref.f[i * n_in + j]);
-            const double tol = ldexp(1.0, -23) * ((double)n_in / 8.0 + 16.0) * s;
+            double s;
+            const double tol = gf_tolerance(type, w, nb1, &act_ref, i, o, &s);
             const double err = fabs((double)y[e] - (double)yref[e]), err_r = fabs((double)ypr[e] - (double)yref[e]);
             if (!(err <= tol) || !(err_r <= ldexp(1.0, -24) * fabs((double)yref[e]) + ldexp(1.0, -40) * s)) {
                 CHECK_MSG(false, "%s %s packed n_in %lld n_out %lld rows %lld: y[%lld][%lld] = %.9g, layout reference %.9g, "

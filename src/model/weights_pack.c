@@ -34,14 +34,14 @@ static tensor *pack_slot(ctx_weights *w, int64_t s) {
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Packs the slots of w on be into a new copy c (c->buf NULL when nothing is packable); false when
- * its memory cannot be allocated (c is then cleared). */
 /* The bytes of t's packed copy on be, 0 when it stays as bound (f16: see weights_pack_acquire). */
 static size_t pack_size(backend *be, const tensor *t, bool f16) {
     if (t->data == NULL || (!f16 && (t->type == QUANT_TYPE_F16 || t->type == QUANT_TYPE_BF16))) return 0;
     return backend_weight_pack_size(be, t);
 }
 
+/* Packs the slots of w on be into a new copy c (c->buf NULL when nothing is packable); false when
+ * its memory cannot be allocated (c is then cleared). */
 static bool pack_create(const dfl_model *m, backend *be, ctx_weights *w, bool f16, model_pack_copy *c) {
     const int64_t n = pack_n_slots(m);
     size_t total = 0;

@@ -29,9 +29,11 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define TBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,amx-tile,amx-bf16")))
+#define TBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-bf16")))
 #define INL static inline __attribute__((always_inline))
 #define P16_BARRIER() __asm__ volatile("" ::: "memory")
+
+#include "backend/cpu/cpu_round_avx512.h"
 /* Weight blocks ahead that the kernel prefetches into L2 (past a group's end: the next group's).
  * [1024 x 3072] F16 from memory, 2 threads, ms, 0 / 2 / 4 / 8 / 16 ahead, 2 rounds: 1 row
  * 0.34-0.35 / 0.31-0.32 / 0.32 / 0.32 / 0.31-0.32, 16 rows 0.395 / 0.37 / 0.34-0.35 / 0.34-0.37 /
@@ -47,14 +49,6 @@ typedef struct p16_cfg {
     uint8_t rows[16];
 } p16_cfg;
 
-/* A vector of 16 f32 as its top 16 bits (h, in the low half of each dword: after >> 16) and the
- * rest l = v - h (exact; f16 values have 11 significant bits): h stays in the high half. */
-TBF INL void p16_split(__m512 v, __m512i *h, __m512i *l) {
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    *h = _mm512_and_si512(_mm512_castps_si512(v), hi);
-    *l = _mm512_castps_si512(_mm512_sub_ps(v, _mm512_castsi512_ps(*h)));
-}
-
 /* One packed F16 block (1024 bytes: line p = input 2p of the 16 rows, then input 2p + 1) into the
  * B tiles bh, bl: dword c of line p = the pair (2p, 2p + 1) of row c, as bf16 h (l) parts. */
 TBF INL void p16_decode_f16(const uint8_t *src, uint8_t *bh, uint8_t *bl) {
@@ -63,8 +57,8 @@ TBF INL void p16_decode_f16(const uint8_t *src, uint8_t *bh, uint8_t *bl) {
         const __m512 e = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(src + 64 * p)));
         const __m512 o = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(src + 64 * p + 32)));
         __m512i eh, el, oh, ol;
-        p16_split(e, &eh, &el);
-        p16_split(o, &oh, &ol);
+        split_bf16_512(e, &eh, &el);
+        split_bf16_512(o, &oh, &ol);
         /* the pair's first value in the low 16 bits, the second in the high 16 */
         _mm512_store_si512(bh + 64 * p, _mm512_or_si512(_mm512_srli_epi32(eh, 16), oh));
         _mm512_store_si512(bl + 64 * p, _mm512_or_si512(_mm512_srli_epi32(el, 16), ol)); /* l: low 16 bits 0 */
@@ -171,17 +165,12 @@ TBF INL void p16_act_row(cpu_act *act, int64_t r, const float *x, const int F16)
         const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
         __m512i h, l = _mm512_setzero_si512();
         if (F16) {
-            p16_split(_mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)), &h, &l);
+            split_bf16_512(round_f16_512(v), &h, &l);
             /* Inf / NaN: th alone (Inf - Inf would make tl a NaN) */
             const __mmask16 fin = _mm512_cmpneq_epi32_mask(_mm512_and_si512(h, expo), expo);
             l = _mm512_maskz_mov_epi32(fin, l);
         } else {
-            /* bf16 nearest even: (u + 0x7fff + ((u >> 16) & 1)) >> 16, NaN kept quiet */
-            const __m512i u = _mm512_castps_si512(v);
-            const __m512i rnd = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
-            const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-            h = _mm512_mask_mov_epi32(rnd, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)));
+            h = _mm512_castps_si512(round_bf16_512(v));
         }
         _mm256_storeu_si256((__m256i *)(th + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
         if (F16) _mm256_storeu_si256((__m256i *)(tl + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(l, 16)));

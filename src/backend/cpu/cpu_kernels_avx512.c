@@ -25,31 +25,21 @@
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline))
 
+#include "backend/cpu/cpu_round_avx512.h"
+
 /* ---- activation preparation ---------------------------------------------------------------- */
 
 T512 static void act_row_f16_512(cpu_act *act, int64_t r, const float *x) {
     float *f = act->f + r * act->n_in;
     int64_t i = 0;
-    for (; i + 16 <= act->n_in; i += 16) {
-        __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        _mm512_storeu_ps(f + i, _mm512_cvtph_ps(h));
-    }
+    for (; i + 16 <= act->n_in; i += 16) _mm512_storeu_ps(f + i, round_f16_512(_mm512_loadu_ps(x + i)));
     for (; i < act->n_in; i++) f[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
 }
 
 T512 static void act_row_bf16_512(cpu_act *act, int64_t r, const float *x) {
     float *f = act->f + r * act->n_in;
     int64_t i = 0;
-    const __m512i lsb = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u), qnan = _mm512_set1_epi32(0x00400000);
-    for (; i + 16 <= act->n_in; i += 16) {
-        __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + i));
-        __mmask16 nan = _mm512_cmp_ps_mask(_mm512_castsi512_ps(u), _mm512_castsi512_ps(u), _CMP_UNORD_Q);
-        __m512i rnd = _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb));
-        rnd = _mm512_and_si512(rnd, hi);
-        rnd = _mm512_mask_mov_epi32(rnd, nan, _mm512_and_si512(_mm512_or_si512(u, qnan), hi));
-        _mm512_storeu_ps(f + i, _mm512_castsi512_ps(rnd));
-    }
+    for (; i + 16 <= act->n_in; i += 16) _mm512_storeu_ps(f + i, round_bf16_512(_mm512_loadu_ps(x + i)));
     for (; i < act->n_in; i++) f[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
 }
 

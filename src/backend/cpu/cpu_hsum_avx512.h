@@ -4,15 +4,9 @@
 #ifndef DFL_BACKEND_CPU_HSUM_AVX512_H
 #define DFL_BACKEND_CPU_HSUM_AVX512_H
 
-#if defined(__x86_64__)
-#include <immintrin.h>
+#include "backend/cpu/cpu_avx512.h"
 
-#ifndef T512
-#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
-#endif
-#ifndef INL
-#define INL static inline __attribute__((always_inline))
-#endif
+#if defined(__x86_64__)
 
 /* Sum of the 16 lanes of v in the order of hsum16_tree: ((l0 + l2) + (l1 + l3)) inside each 128-bit
  * lane, then (L0 + L1) + (L2 + L3) across lanes (f32 addition is commutative, so the pairing is

@@ -5,15 +5,9 @@
 #ifndef DFL_BACKEND_CPU_ROUND_AVX512_H
 #define DFL_BACKEND_CPU_ROUND_AVX512_H
 
-#if defined(__x86_64__)
-#include <immintrin.h>
+#include "backend/cpu/cpu_avx512.h"
 
-#ifndef T512
-#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
-#endif
-#ifndef INL
-#define INL static inline __attribute__((always_inline))
-#endif
+#if defined(__x86_64__)
 
 /* 16 f32 rounded to f16 (nearest even), as f32. */
 T512 INL __m512 round_f16_512(__m512 v) {

@@ -369,7 +369,8 @@ TEST(gemm_kq_x16_model_same_logits) {
 
 /* The AMX-INT8 Q4_K / Q6_K kernels (cpu_gemm_kquant_amx.c) against the AVX-512 VNNI kernels on the
  * same packed weights, bit for bit: row ranges that start anywhere and hold 5..290 rows (whole
- * tiles, smaller last tiles, calls below AMX_MIN_ROWS for the VNNI kernel), output ranges from any group, random and extreme
+ * tiles, smaller last tiles, calls below AMX_MIN_ROWS for the VNNI kernel, Q6_K calls below
+ * AMX_PIPE_ROWS that decode one step ahead and those from it that do not), output ranges from any group, random and extreme
  * blocks (Q4_K scales and mins at 63; Q6_K scales at -128 with every value at 31, and at -32: the
  * largest products, -3968 and 4096, whose hi bytes are -16 and 16), every activation at +-127
  * (the largest tile sums). Needs AMX: skipped without. */

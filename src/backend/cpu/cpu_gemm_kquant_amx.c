@@ -70,6 +70,17 @@
 #define AMX_MIN_ROWS 9
 #endif
 
+/* Q6_K calls of fewer rows than this decode one step ahead (amx_rows' pipe). SPR-class VM, 2
+ * threads, ms, 3 alternated rounds, one step ahead -> in step: the cold [1024 x 151936] head at 9
+ * rows 7.2-7.9 -> 8.2-8.4, 16 rows 8.1-8.5 -> 8.9-9.4, 32 rows 12.2-12.7 -> 12.8-13.5; [1024 x
+ * 3072] from memory at 16 rows 0.163-0.167 -> 0.184-0.194, 64 rows 0.326-0.336 -> 0.337-0.367,
+ * 128 rows 0.57-0.70 -> 0.578-0.584, 512 rows 2.16-2.20 -> 2.05-2.09. Q4_K, whose decode is about
+ * a third of Q6_K's vector work, gains nothing: the cold [1024 x 151936] at 16 rows 6.3-7.0 ->
+ * 6.1-6.3, [1024 x 3072] from memory at 20 rows 0.163-0.174 -> 0.140-0.144. */
+#ifndef AMX_PIPE_ROWS
+#define AMX_PIPE_ROWS 128
+#endif
+
 /* Cache lines of a Q4_K / Q6_K KQ_X16 record (2368 / 3456 bytes, tensor_kq_x16_record_bytes). */
 #define AMX_Q4K_LINES 37
 #define AMX_Q6K_LINES 54
@@ -268,16 +279,47 @@ TAMX INL void amx_tiles(const amx_dec *D, const int Q6, const cpu_act *act, int6
     AMX_BARRIER(); /* the tile stores before the vector loads of c */
 }
 
+/* A step of amx_rows' sweep: super-block sb of the group of outputs from o, for the chunk of
+ * activation rows from rc. */
+typedef struct amx_step {
+    int64_t o, rc, sb;
+} amx_step;
+
+/* The step after *s (super-blocks, then row chunks, then groups); false after the last. */
+INL bool amx_step_next(amx_step *s, int64_t nsb, int64_t r0, int64_t nr, int64_t o1) {
+    if (++s->sb < nsb) return true;
+    s->sb = 0;
+    s->rc += AMX_RCHUNK;
+    if (s->rc < r0 + nr) return true;
+    s->rc = r0;
+    s->o += AMX_W;
+    return s->o < o1;
+}
+
+/* The record of step s into D. */
+TAMX INL void amx_decode(const void *w, size_t w_nb1, const int Q6, size_t rec, const amx_step *s, amx_dec *D) {
+    const uint8_t *R = (const uint8_t *)w + (size_t)s->o * w_nb1 + (size_t)s->sb * rec; /* the group's records from o */
+    if (Q6) {
+        amx_q6k_decode(R, D);
+    } else {
+        amx_q4k_decode(R, D);
+    }
+}
+
 /* Rows r0 .. r0 + nr - 1 of the packed weight's outputs o0 .. o1 - 1. Whole 16s of rows go in
  * pairs of tile sets sharing the B tiles; a last part of fewer than 16 rows (nr % 16) gets set 1
- * configured with that many rows, and then the whole 16s go one set at a time. */
-TAMX INL void amx_rows(const void *w, size_t w_nb1, const int Q6, const cpu_act *act, int64_t r0, int64_t nr,
-                       float *dst, int64_t ds, int64_t o0, int64_t o1) {
+ * configured with that many rows, and then the whole 16s go one set at a time. With pipe (Q6_K
+ * calls of fewer than AMX_PIPE_ROWS rows) the records are decoded one step ahead into the second
+ * amx_dec: the next step's decode runs after the step's last tile products are issued and before
+ * their finish, so that the vector decode overlaps the tile unit's work and the tile stores
+ * instead of waiting behind them; without, each step decodes its own record first. */
+TAMX INL void amx_rows(const void *w, size_t w_nb1, const int Q6, const int pipe, const cpu_act *act, int64_t r0,
+                       int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1) {
     const int64_t nsb = act->n_in / QK_K;
     const size_t rec = tensor_kq_x16_record_bytes(Q6 ? QUANT_TYPE_Q6_K : QUANT_TYPE_Q4_K);
     DFL_ASSERT(rec == 64 * (size_t)(Q6 ? AMX_Q6K_LINES : AMX_Q4K_LINES));
     const int rem = (int)(nr % AMX_TR);
-    amx_dec D;
+    amx_dec D[2];
     float acc[AMX_RCHUNK * 16] __attribute__((aligned(64)));
     int32_t c[2][2][256] __attribute__((aligned(64)));
     amx_cfg cfg;
@@ -288,55 +330,55 @@ TAMX INL void amx_rows(const void *w, size_t w_nb1, const int Q6, const cpu_act 
         cfg.rows[i] = (uint8_t)(rem > 0 && i >= 5 ? rem : 16); /* set 1: C 5, 6 and A 7 */
     }
     _tile_loadconfig(&cfg);
-    for (int64_t o = o0; o < o1; o += AMX_W) {
-        const int nw = o1 - o >= AMX_W ? AMX_W : (int)(o1 - o);
-        const __mmask16 mask = (__mmask16)((1u << nw) - 1);
-        const uint8_t *grp = (const uint8_t *)w + (size_t)o * w_nb1; /* the group's first record */
-        for (int64_t rc = r0; rc < r0 + nr; rc += AMX_RCHUNK) {
-            const int64_t nrc = r0 + nr - rc >= AMX_RCHUNK ? AMX_RCHUNK : r0 + nr - rc;
-            const int64_t n16 = nrc / AMX_TR * AMX_TR; /* nrc - n16: rem in the last chunk, else 0 */
-            for (int64_t sb = 0; sb < nsb; sb++) {
-                if (Q6) {
-                    amx_q6k_decode(grp + (size_t)sb * rec, &D);
-                } else {
-                    amx_q4k_decode(grp + (size_t)sb * rec, &D);
-                }
-                AMX_BARRIER(); /* the B tiles' vector stores before the tile loads */
-                int64_t g = 0;
-                for (; g < n16; g += AMX_TR) {
-                    const int64_t ra = rc + g;
-                    if (rem == 0 && n16 - g >= 2 * AMX_TR) {
-                        amx_tiles(&D, Q6, act, sb, 1, ra, 1, ra + AMX_TR, c);
-                        amx_finish(&D, Q6, act, sb, ra, AMX_TR, rc, c[0][0], c[0][1], acc);
-                        amx_finish(&D, Q6, act, sb, ra + AMX_TR, AMX_TR, rc, c[1][0], c[1][1], acc);
-                        g += AMX_TR;
-                    } else {
-                        amx_tiles(&D, Q6, act, sb, 1, ra, 0, ra, c);
-                        amx_finish(&D, Q6, act, sb, ra, AMX_TR, rc, c[0][0], c[0][1], acc);
-                    }
-                    AMX_BARRIER(); /* the vector loads of c before the next tile stores */
-                }
-                if (g < nrc) { /* the call's last rem rows */
-                    amx_tiles(&D, Q6, act, sb, 0, rc + g, 1, rc + g, c);
-                    amx_finish(&D, Q6, act, sb, rc + g, (int)(nrc - g), rc, c[1][0], c[1][1], acc);
-                    AMX_BARRIER();
-                }
+    amx_step s = {o0, r0, 0};
+    if (pipe) amx_decode(w, w_nb1, Q6, rec, &s, &D[0]);
+    for (int cur = 0;; cur ^= pipe) {
+        if (!pipe) amx_decode(w, w_nb1, Q6, rec, &s, &D[0]);
+        const amx_dec *Dc = &D[cur];
+        const int64_t rc = s.rc, sb = s.sb;
+        const int64_t nrc = r0 + nr - rc >= AMX_RCHUNK ? AMX_RCHUNK : r0 + nr - rc;
+        const int64_t n16 = nrc / AMX_TR * AMX_TR; /* nrc - n16: rem in the last chunk, else 0 */
+        const amx_step here = s;
+        const bool more = amx_step_next(&s, nsb, r0, nr, o1);
+        AMX_BARRIER(); /* the B tiles' vector stores before the tile loads */
+        for (int64_t g = 0; g < nrc;) {
+            /* pair: two sets of 16 rows; one: set 0 for 16; last: set 1 for the call's last rem */
+            const int64_t ra = rc + g;
+            const int kind = g >= n16 ? 2 : rem == 0 && n16 - g >= 2 * AMX_TR ? 0 : 1;
+            const int64_t g1 = kind == 0 ? g + 2 * AMX_TR : kind == 1 ? g + AMX_TR : nrc;
+            if (kind == 0) amx_tiles(Dc, Q6, act, sb, 1, ra, 1, ra + AMX_TR, c);
+            else if (kind == 1) amx_tiles(Dc, Q6, act, sb, 1, ra, 0, ra, c);
+            else amx_tiles(Dc, Q6, act, sb, 0, ra, 1, ra, c);
+            if (pipe && more && g1 >= nrc) amx_decode(w, w_nb1, Q6, rec, &s, &D[cur ^ 1]); /* the step's last products */
+            if (kind == 2) {
+                amx_finish(Dc, Q6, act, sb, ra, (int)(nrc - g), rc, c[1][0], c[1][1], acc);
+            } else {
+                amx_finish(Dc, Q6, act, sb, ra, AMX_TR, rc, c[0][0], c[0][1], acc);
+                if (kind == 0) amx_finish(Dc, Q6, act, sb, ra + AMX_TR, AMX_TR, rc, c[1][0], c[1][1], acc);
             }
-            for (int64_t r = 0; r < nrc; r++) _mm512_mask_storeu_ps(dst + (rc + r) * ds + o, mask, _mm512_load_ps(acc + 16 * r));
+            AMX_BARRIER(); /* the vector loads of c before the next tile stores */
+            g = g1;
         }
+        if (!more || s.rc != here.rc || s.o != here.o) { /* the chunk's sums are complete */
+            const int nw = o1 - here.o >= AMX_W ? AMX_W : (int)(o1 - here.o);
+            const __mmask16 mask = (__mmask16)((1u << nw) - 1);
+            for (int64_t r = 0; r < nrc; r++) _mm512_mask_storeu_ps(dst + (rc + r) * ds + here.o, mask, _mm512_load_ps(acc + 16 * r));
+        }
+        if (!more) break;
     }
     _tile_release();
 }
 
 TAMX void cpu_mm_q4_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                               int64_t ds, int64_t o0, int64_t o1) {
-    if (nr >= AMX_MIN_ROWS) amx_rows(w, w_nb1, 0, act, r0, nr, dst, ds, o0, o1);
+    if (nr >= AMX_MIN_ROWS) amx_rows(w, w_nb1, 0, 0, act, r0, nr, dst, ds, o0, o1);
     else cpu_mm_q4_K_x16_avx512(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 
 TAMX void cpu_mm_q6_K_x16_amx(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                               int64_t ds, int64_t o0, int64_t o1) {
-    if (nr >= AMX_MIN_ROWS) amx_rows(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
+    if (nr >= AMX_PIPE_ROWS) amx_rows(w, w_nb1, 1, 0, act, r0, nr, dst, ds, o0, o1);
+    else if (nr >= AMX_MIN_ROWS) amx_rows(w, w_nb1, 1, 1, act, r0, nr, dst, ds, o0, o1); /* decode one step ahead */
     else cpu_mm_q6_K_x16_avx512(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 

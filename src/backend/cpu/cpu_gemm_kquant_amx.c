@@ -320,6 +320,7 @@ TAMX INL void amx_rows(const void *w, size_t w_nb1, const int Q6, const int pipe
     const int64_t nsb = act->n_in / QK_K;
     const size_t rec = tensor_kq_x16_record_bytes(Q6 ? QUANT_TYPE_Q6_K : QUANT_TYPE_Q4_K);
     DFL_ASSERT(rec == 64 * (size_t)(Q6 ? AMX_Q6K_LINES : AMX_Q4K_LINES));
+    if (o0 >= o1 || nr <= 0) return; /* nothing to do: the first step's decode would read past the range */
     const int rem = (int)(nr % AMX_TR);
     amx_dec D[2];
     float acc[AMX_RCHUNK * 16] __attribute__((aligned(64)));

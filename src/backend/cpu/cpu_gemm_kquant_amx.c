@@ -313,8 +313,8 @@ TAMX INL void amx_decode(const void *w, size_t w_nb1, const int Q6, size_t rec, 
  * configured with that many rows, and then the whole 16s go one set at a time. With pipe (Q6_K
  * calls of fewer than AMX_PIPE_ROWS rows) the records are decoded one step ahead into the second
  * amx_dec: the next step's decode runs after the step's last tile products are issued and before
- * their finish, so that the vector decode overlaps the tile unit's work and the tile stores
- * instead of waiting behind them; without, each step decodes its own record first. */
+ * their finish, so that the next record's loads and decode do not wait for the finish (which waits
+ * for the tile stores); without, each step decodes its own record first. */
 TAMX INL void amx_rows(const void *w, size_t w_nb1, const int Q6, const int pipe, const cpu_act *act, int64_t r0,
                        int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1) {
     const int64_t nsb = act->n_in / QK_K;

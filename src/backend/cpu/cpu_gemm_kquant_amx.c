@@ -251,23 +251,15 @@ TAMX INL void amx_tiles(const amx_dec *D, const int Q6, const cpu_act *act, int6
         _tile_loadd(4, D->bh[t], 64);
         if (S0) {
             _tile_loadd(2, x0 + 64 * t, stride);
-            if (Q6) {
-                _tile_dpbsud(0, 2, 3);
-                _tile_dpbssd(1, 2, 4);
-            } else {
-                _tile_dpbsud(0, 2, 3);
-                _tile_dpbsud(1, 2, 4);
-            }
+            _tile_dpbsud(0, 2, 3); /* lo: unsigned for both types */
+            if (Q6) _tile_dpbssd(1, 2, 4); /* Q6_K hi: signed */
+            else _tile_dpbsud(1, 2, 4);
         }
         if (S1) {
             _tile_loadd(7, x1 + 64 * t, stride);
-            if (Q6) {
-                _tile_dpbsud(5, 7, 3);
-                _tile_dpbssd(6, 7, 4);
-            } else {
-                _tile_dpbsud(5, 7, 3);
-                _tile_dpbsud(6, 7, 4);
-            }
+            _tile_dpbsud(5, 7, 3); /* lo: unsigned for both types */
+            if (Q6) _tile_dpbssd(6, 7, 4); /* Q6_K hi: signed */
+            else _tile_dpbsud(6, 7, 4);
         }
     }
     if (S0) {

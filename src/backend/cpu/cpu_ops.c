@@ -305,8 +305,9 @@ static void attn_fn(void *ctx, int ith, int nth) {
  * (their costs grow along a causal prefill), head by head: a thread's next item reads the same kv
  * head's K / V rows, which are still in its L2 (the cache rows interleave the kv heads, so items
  * of alternating heads read them from L3 / memory each time). AMX Xeon VM, Q4_K_M 0.6B, 2 threads,
- * 2 alternated rounds: pp512 668 / 680 -> 641 / 654 ms. Converting an item's K / V rows to f32
- * first (no conversion in the inner loops, same bits) was slower: 706 / 692. */
+ * pp512 in alternated rounds: 668 / 680 -> 641 / 654 ms in one window, medians of 5 rounds
+ * 614 -> 604 in a later one (within its noise). Converting an item's K / V rows to f32 first (no
+ * conversion in the inner loops, same bits) was slower: 706 / 692. */
 /* Query rows per item: cpu_kernels.attn_rows (cpu_kernels_select; -DATTN_ROWS= forces one). */
 
 typedef struct attn16_job {

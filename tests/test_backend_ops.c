@@ -816,6 +816,44 @@ TEST(backend_light_row_kernels) {
     free(a); free(b); free(d1); free(d2); free(h1); free(h2);
 }
 
+/* The rope rotation of every level against cpu_rope_row bit for bit: NEOX and NORM pairing,
+ * n_rot from one pair to a whole row with SIMD tails (pairs 1, 3, 7, 8, 9, 15, 16, 17, 18, 31,
+ * 32, 33), pass-through tails after n_rot, in place and out of place, with values of every
+ * magnitude, signed zeros, infinities and NaNs (the same IEEE operations give the same bits). */
+TEST(backend_rope_row_kernels) {
+    rng r = {15};
+    static const int32_t rots[] = {2, 6, 14, 16, 18, 30, 32, 34, 36, 62, 64, 66, 128};
+    float x[160], cs[128], d1[160], d2[160];
+    for (int level = 0; level < TEST_LEVELS; level++) {
+        if (!level_available(level)) continue;
+        cpu_kernels ks;
+        cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
+        for (size_t ri = 0; ri < sizeof(rots) / sizeof(rots[0]); ri++) {
+            const int32_t n_rot = rots[ri];
+            for (int extra = 0; extra <= 5; extra += 5) {
+                const int64_t hd = n_rot + extra + (n_rot % 4); /* rows of odd length too */
+                for (int norm = 0; norm <= 1; norm++) {
+                    fill_f32(&r, x, 160, 1000.0f);
+                    x[0] = -0.0f;
+                    x[n_rot / 2] = INFINITY;
+                    if (hd > 3) x[3] = NAN;
+                    cpu_rope_cache(cs, 37.0f + (float)ri * 1001.0f, 10000.0f, n_rot);
+                    cpu_rope_row(d2, x, cs, hd, n_rot, norm);
+                    ks.rope_row(d1, x, cs, hd, n_rot, norm);
+                    CHECK_MSG(memcmp(d1, d2, (size_t)hd * 4) == 0, "rope row (%s, n_rot %d, hd %lld, norm %d) differs",
+                              ks.name, n_rot, (long long)hd, norm);
+                    memcpy(d1, x, sizeof(x));
+                    ks.rope_row(d1, d1, cs, hd, n_rot, norm);
+                    CHECK_MSG(memcmp(d1, d2, (size_t)hd * 4) == 0,
+                              "rope row in place (%s, n_rot %d, hd %lld, norm %d) differs", ks.name, n_rot, (long long)hd,
+                              norm);
+                    CHECK_MSG(memcmp(d1 + hd, x + hd, (size_t)(160 - hd) * 4) == 0, "rope row wrote past its row");
+                }
+            }
+        }
+    }
+}
+
 /* ---- validation ---------------------------------------------------------------------------- */
 
 TEST(backend_op_validation_messages) {

@@ -317,6 +317,7 @@ void cpu_kernels_init_ref(cpu_kernels *k) {
     k->mul_row = cpu_mul_row_ref;
     k->argmax_row = cpu_argmax_row_ref;
     k->f16_row = cpu_f16_row_ref;
+    k->rope_row = cpu_rope_row;
     cpu_kernels_init_ext_ref(k);
 }
 

@@ -127,6 +127,8 @@ typedef void (*cpu_swiglu_row_fn)(float *d, const float *g, const float *u, int6
 typedef void (*cpu_binary_row_fn)(float *d, const float *a, const float *b, int64_t n);
 typedef int32_t (*cpu_argmax_row_fn)(const float *x, int64_t n);
 typedef void (*cpu_f16_row_fn)(uint16_t *d, const float *x, int64_t n);
+/* rope: dr = xr rotated by the (cos, sin) pairs cs (cpu_rope_row's contract; dr may be xr). */
+typedef void (*cpu_rope_row_fn)(float *dr, const float *xr, const float *cs, int64_t hd, int32_t n_rot, bool norm);
 
 typedef struct cpu_kernels {
     const char *name;                     /* "scalar", "avx2", "avx512" */
@@ -147,6 +149,7 @@ typedef struct cpu_kernels {
     cpu_binary_row_fn add_row, mul_row;
     cpu_argmax_row_fn argmax_row;
     cpu_f16_row_fn f16_row;
+    cpu_rope_row_fn rope_row;
     /* cpu_act.pf_l1_rows for the matmuls (cpu_kernels_select: 0 on Intel, 2 elsewhere). Intel
      * Xeon VM with AMX, 2 threads, cold weights, 1 row: [1024 x 12288] Q4_K 0.357 ms with 1-2
      * row tiles prefetching into L1 -> 0.285 into L2, the [1024 x 151936] Q6_K head 7.72 ->

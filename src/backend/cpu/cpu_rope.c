@@ -7,8 +7,8 @@
  * row p of the table is cpu_rope_cache(p) (the same function, so the same bits), filled once per
  * position for the backend's (freq_base, n_rot): the target and a drafter of the same rope share
  * it. Positions outside [0, CPU_ROPE_TABLE_MAX) or a table that cannot grow fall back to the
- * reference. The rotation is the reference's own (cpu_rope_row), split over tokens across the
- * pool when the op is big. */
+ * reference. The rotation is the kernels' rope_row (cpu_rope_row, or its AVX-512 form with the
+ * same bits), split over tokens across the pool when the op is big. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_ops_ref.h"
 
@@ -46,6 +46,7 @@ static bool rope_table_cover(cpu_backend *be, float freq_base, int32_t n_rot, in
 
 typedef struct rope_job {
     const backend_op *op;
+    cpu_rope_row_fn row; /* the kernels' rotation (cpu_rope_row's bits) */
     const float *cs; /* the table: row p at cs + p * n_rot */
 } rope_job;
 
@@ -62,7 +63,7 @@ static void rope_fn(void *ctx, int ith, int nth) {
         for (int64_t ih = 0; ih < nh; ih++) {
             const float *xr = (const float *)((const char *)x->data + (size_t)ih * x->nb[1] + (size_t)it * x->nb[2]);
             float *dr = (float *)((char *)d->data + (size_t)ih * d->nb[1] + (size_t)it * d->nb[2]);
-            cpu_rope_row(dr, xr, cs, hd, n_rot, norm);
+            job->row(dr, xr, cs, hd, n_rot, norm);
         }
     }
 }
@@ -80,7 +81,7 @@ bool cpu_op_rope(cpu_backend *be, const backend_op *op) {
         if (p > max_p) max_p = p;
     }
     if (!rope_table_cover(be, op->f[0], n_rot, max_p + 1)) return false;
-    rope_job job = {op, be->rope_cs};
+    rope_job job = {op, be->kernels.rope_row, be->rope_cs};
     int nth = cpu_pool_size(be->pool) < be->n_threads_batch ? cpu_pool_size(be->pool) : be->n_threads_batch;
     if (tensor_nelements(&op->dst) < CPU_LIGHT_MIN_ELEMS || nth < 1) nth = 1;
     if (nth > nt) nth = nt > 0 ? (int)nt : 1;

@@ -38,7 +38,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#define FG_WR 4     /* weight rows per register tile */
+#define FG_WR 4     /* weight rows per register tile (fg_store: one 128-bit lane) */
+_Static_assert(FG_WR == 4, "fg_store stores the 4 sums of an activation row as one 128-bit lane");
 #define FG_NT 6     /* activation rows per register tile */
 #define FG_KC 1024  /* inputs per block: FG_NT rows x FG_KC f32 = 24 KiB of activations in L1 */
 #define FG_OB 32    /* weight rows per group (a multiple of FG_WR) */
@@ -55,16 +56,30 @@ T512 INL __m512 fg_load_w16(const void *p, int64_t i, const int WT, __mmask16 m)
     }
 }
 
-/* Stores the sums of accumulators a0 .. a0 + NA - 1 of a 4 x NT tile (a = j * NT + r) for the
- * weight rows j < no. */
-T512 INL void fg_store(const __m512 *acc, const int NA, const int a0, const int NT, int no, float *dst, int64_t r0,
-                       int64_t ds, int64_t o) {
+/* Stores the sums of a 4 x NT tile's accumulators (acc[j * NT + r]: weight row o + j, activation
+ * row r0 + r) for the weight rows j < no: up to 4 activation rows per reduction tree, in the order
+ * r * 4 + j, so that the 4 sums of an activation row are one 128-bit lane, stored at once (the
+ * tree's lane k is hsum16_one of its input k whatever the order: the same bits). Before, one tree
+ * per 16 accumulators in the order j * NT + r and a scalar store each: at n_in 128 (the attention
+ * scores) the stores were about as many uops as a quarter of the FMAs. */
+T512 INL void fg_store(const __m512 *acc, const int NT, int no, float *dst, int64_t r0, int64_t ds, int64_t o) {
+    const __mmask8 m = (__mmask8)((1u << no) - 1);
     float tmp[16] __attribute__((aligned(64)));
-    _mm512_store_ps(tmp, hsum16_tree(acc, NA));
-#pragma GCC unroll 16
-    for (int a = 0; a < NA; a++) {
-        const int j = (a0 + a) / NT, r = (a0 + a) % NT;
-        if (j < no) dst[(r0 + r) * ds + o + j] = tmp[a];
+#pragma GCC unroll 2
+    for (int rb = 0; rb < NT; rb += 4) {
+        const int nr = NT - rb < 4 ? NT - rb : 4;
+        __m512 flat[16];
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
+            for (int j = 0; j < FG_WR; j++) flat[r * FG_WR + j] = acc[j * NT + rb + r];
+        _mm512_store_ps(tmp, hsum16_tree(flat, FG_WR * nr));
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            float *d = dst + (r0 + rb + r) * ds + o;
+            if (no == FG_WR) _mm_storeu_ps(d, _mm_load_ps(tmp + 4 * r));
+            else _mm_mask_storeu_ps(d, m, _mm_load_ps(tmp + 4 * r));
+        }
     }
 }
 
@@ -121,9 +136,7 @@ T512 INL void fg_tile(const void *w, size_t w_nb1, const int WT, int no, const c
         for (int a = 0; a < FG_WR * NT; a++) sv[a] = acc[a];
         return;
     }
-    /* reduce 16 accumulators at a time; accumulator a = j * NT + r */
-    fg_store(acc, FG_WR * NT <= 16 ? FG_WR * NT : 16, 0, NT, no, dst, r0, ds, o);
-    if (FG_WR * NT > 16) fg_store(acc + 16, FG_WR * NT - 16, 16, NT, no, dst, r0, ds, o);
+    fg_store(acc, NT, no, dst, r0, ds, o);
 }
 
 T512 INL void fg_tile_nt(const void *w, size_t w_nb1, const int WT, int no, const cpu_act *act, int64_t r0, int nt,

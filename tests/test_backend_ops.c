@@ -816,6 +816,53 @@ TEST(backend_light_row_kernels) {
     free(a); free(b); free(d1); free(d2); free(h1); free(h2);
 }
 
+/* The fused structured-mask attention row (attn_probs_row) of every level that has one against
+ * the three steps it replaces with the same level's kernels (scale + 0.0f on the visible cells,
+ * -inf after, softmax_row, act_row[F16]), bit for bit: awkward lengths (SIMD tails), no visible
+ * cell, one, all, a NaN or +Inf among the visible scores (the row turns NaN) or among the hidden
+ * ones (ignored), -inf scores, and scores far apart (exp underflow to 0). */
+TEST(backend_attn_probs_row_kernels) {
+    rng r = {16};
+    static const int64_t lens[] = {1, 7, 15, 16, 17, 31, 32, 33, 100, 512, 513};
+    float s[520], d1[520], d2[520];
+    int tested = 0;
+    for (int level = 0; level < TEST_LEVELS; level++) {
+        if (!level_available(level)) continue;
+        cpu_kernels ks;
+        cpu_kernels_select(&ks, cpu_features_detect() & ~level_disable(level));
+        if (ks.attn_probs_row == NULL) continue;
+        tested++;
+        for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+            const int64_t n = lens[li];
+            const int64_t vis[] = {0, 1, n / 2, n - 1, n};
+            for (size_t vi = 0; vi < sizeof(vis) / sizeof(vis[0]); vi++) {
+                for (int special = 0; special < 5; special++) {
+                    const int64_t nv = vis[vi];
+                    fill_f32(&r, s, n, 30.0f);
+                    if (special == 1 && nv > 0) s[nv - 1] = NAN;
+                    if (special == 2 && nv > 0) s[nv / 2] = INFINITY;
+                    if (special == 3 && nv < n) s[n - 1] = NAN; /* hidden: ignored */
+                    if (special == 4) {
+                        s[0] = -INFINITY;
+                        if (n > 2) s[n / 3] = 4000.0f;
+                    }
+                    const float scale = 0.08838834764831845f;
+                    memcpy(d1, s, (size_t)n * 4);
+                    ks.attn_probs_row(d1, n, nv, scale);
+                    for (int64_t j = 0; j < n; j++) d2[j] = j < nv ? s[j] * scale + 0.0f : -INFINITY;
+                    ks.softmax_row(d2, d2, n);
+                    cpu_act pact;
+                    cpu_act_layout(&pact, CPU_DOT_F32, n, 1, d2);
+                    ks.act_row[QUANT_TYPE_F16](&pact, 0, d2);
+                    CHECK_MSG(memcmp(d1, d2, (size_t)n * 4) == 0, "attn probs row (%s, n %lld, n_vis %lld, case %d) differs",
+                              ks.name, (long long)n, (long long)nv, special);
+                }
+            }
+        }
+    }
+    CHECK_MSG(tested > 0 || !level_available(2), "no level with a fused attention row was tested");
+}
+
 /* The rope rotation of every level against cpu_rope_row bit for bit: NEOX and NORM pairing,
  * n_rot from one pair to a whole row with SIMD tails (pairs 1, 3, 7, 8, 9, 15, 16, 17, 18, 31,
  * 32, 33), pass-through tails after n_rot, in place and out of place, with values of every

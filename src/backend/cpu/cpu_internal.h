@@ -112,6 +112,11 @@ typedef void (*cpu_axpy_f16_fn)(float *y, float a, const uint16_t *x, int64_t n)
  * or +INFINITY score makes the row NaN); p may
  * be s. Same contract as cpu_softmax_row_ref, exp within a few ulp. */
 typedef void (*cpu_softmax_fn)(float *p, const float *s, int64_t n);
+/* A score row of the f16 attention with a structured mask, in place: t_j = s_j * scale + 0.0f for
+ * j < n_vis and -inf after, p = softmax_row(t), each p_j rounded to f16 (act_row[F16]): bit for
+ * bit those three steps with the same level's kernels, in fewer passes (NULL: none at this level;
+ * cpu_ops.c then runs the steps). */
+typedef void (*cpu_attn_probs_fn)(float *s, int64_t n, int64_t n_vis, float scale);
 
 /* Attention values: out[r * ldo + i] = sum over j = 0 .. n_kv-1 (in that order) of
  * p[r * ldp + j] * v_j[i], for r < nq, i < hd; value row j (f16) at v + j * v_nb bytes. Terms
@@ -143,6 +148,7 @@ typedef struct cpu_kernels {
     cpu_dot_f16_fn dot_f16;
     cpu_axpy_f16_fn axpy_f16;
     cpu_softmax_fn softmax_row;
+    cpu_attn_probs_fn attn_probs_row;
     cpu_attn_pv_fn attn_pv_f16;
     cpu_rmsnorm_row_fn rmsnorm_row;
     cpu_swiglu_row_fn swiglu_row;

@@ -493,28 +493,47 @@ T512 INL __m512 exp_neg512(__m512 x) {
     return _mm512_maskz_scalef_ps((__mmask16)~tiny, p, n);
 }
 
-T512 static void softmax_row_512(float *p, const float *s, int64_t n) {
+/* softmax_row_512's body. With PROBS (attn_probs_row_512) the scores are first scaled as the f16
+ * attention does (t = s * scale + 0.0f for j < n_vis, -inf after) and stored, and the
+ * probabilities come out rounded to f16 (as act_row_f16_512 rounds them), in the passes that
+ * already read them: the same operations in the same order as the three steps apart. */
+T512 INL void softmax_512(float *p, const float *s, int64_t n, const bool PROBS, float scale, int64_t n_vis) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
-    const __m512 inf = _mm512_set1_ps(INFINITY);
+    const __m512 inf = _mm512_set1_ps(INFINITY), ninf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
     int64_t i = 0;
     __mmask16 nf = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m512 x = _mm512_loadu_ps(s + i);
+        __m512 x = _mm512_loadu_ps(s + i);
+        if (PROBS) {
+            const __mmask16 vis = i + 16 <= n_vis ? (__mmask16)0xffff : i >= n_vis ? (__mmask16)0 : (__mmask16)((1u << (n_vis - i)) - 1);
+            x = _mm512_mask_blend_ps(vis, ninf, _mm512_add_ps(_mm512_mul_ps(x, sc), _mm512_setzero_ps()));
+            _mm512_storeu_ps(p + i, x);
+        }
         mx = _mm512_max_ps(mx, x);
         nf |= _mm512_cmp_ps_mask(x, inf, _CMP_NLT_UQ); /* NaN or +Inf */
     }
     float max = _mm512_reduce_max_ps(mx);
     int bad = nf != 0;
     for (; i < n; i++) {
-        max = s[i] > max ? s[i] : max;
-        bad |= !(s[i] < INFINITY);
+        float x = s[i];
+        if (PROBS) {
+            x = i < n_vis ? x * scale + 0.0f : -INFINITY;
+            p[i] = x;
+        }
+        max = x > max ? x : max;
+        bad |= !(x < INFINITY);
     }
+    if (PROBS) s = p; /* the scaled scores */
     if (bad) { /* a NaN or +Inf score: the row is NaN (never hidden) */
         for (i = 0; i < n; i++) p[i] = NAN;
+        if (PROBS) { /* rounded as act_row_f16_512 rounds */
+            for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(p + i, round_f16_512(_mm512_loadu_ps(p + i)));
+            for (; i < n; i++) p[i] = fp16_to_fp32(fp32_to_fp16(p[i]));
+        }
         return;
     }
     if (max == -INFINITY) {
-        memset(p, 0, (size_t)n * sizeof(float));
+        memset(p, 0, (size_t)n * sizeof(float)); /* f16 zeros too */
         return;
     }
     const __m512 mv = _mm512_set1_ps(max);
@@ -534,11 +553,24 @@ T512 static void softmax_row_512(float *p, const float *s, int64_t n) {
                                                   _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1))));
     }
     const __m512 inv = _mm512_set1_ps((float)(1.0 / sum));
-    for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(p + i, _mm512_mul_ps(_mm512_loadu_ps(p + i), inv));
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(p + i), inv);
+        _mm512_storeu_ps(p + i, PROBS ? round_f16_512(y) : y);
+    }
     if (i < n) {
         const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
         _mm512_mask_storeu_ps(p + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + i), inv));
+        if (PROBS) {
+            for (; i < n; i++) p[i] = fp16_to_fp32(fp32_to_fp16(p[i]));
+        }
     }
+}
+
+T512 static void softmax_row_512(float *p, const float *s, int64_t n) { softmax_512(p, s, n, false, 1.0f, n); }
+
+/* cpu_attn_probs_fn: the structured-mask attention row in one kernel (cpu_internal.h). */
+T512 static void attn_probs_row_512(float *s, int64_t n, int64_t n_vis, float scale) {
+    softmax_512(s, s, n, true, scale, n_vis);
 }
 
 /* ---- attention: P V over f16 value rows ------------------------------------------------------ */
@@ -790,6 +822,7 @@ void cpu_kernels_init_avx512(cpu_kernels *k) {
     k->dot_f16 = dot_f16_512;
     k->axpy_f16 = axpy_f16_512;
     k->softmax_row = softmax_row_512;
+    k->attn_probs_row = attn_probs_row_512;
     k->attn_pv_f16 = attn_pv_f16_512;
     k->rmsnorm_row = rmsnorm_row_512;
     k->swiglu_row = swiglu_row_512;

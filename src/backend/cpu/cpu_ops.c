@@ -371,6 +371,10 @@ static void attn16_fn(void *ctx, int ith, int nth) {
                 /* the mask tensor's arithmetic (+ 0.0f) on the visible cells, -inf on the rest */
                 const int64_t n_vis = backend_attn_n_visible(kind, iq, nq, n_kv);
                 const int64_t jv = n_vis < kv_end ? n_vis : kv_end;
+                if (job->k->attn_probs_row != NULL) { /* the steps below in one kernel */
+                    job->k->attn_probs_row(sr, kv_end, jv, scale);
+                    continue;
+                }
                 for (int64_t j = 0; j < jv; j++) sr[j] = sr[j] * scale + 0.0f;
                 for (int64_t j = jv; j < kv_end; j++) sr[j] = -INFINITY;
             }

@@ -799,16 +799,29 @@ TEST(backend_light_row_kernels) {
                     REQUIRE(nkv * vstride <= 65536 && nq * ldp <= 8192 && nq * hd <= 8192);
                     fill_f32(&r, b, nq * ldp, 1.0f);
                     for (int64_t i = 0; i < nkv * vstride; i++) h1[i] = fp32_to_fp16(rng_f(&r));
-                    ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd);
-                    kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd);
+                    const int64_t got = ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0);
+                    CHECK_MSG(got == 0 || got == nkv, "attention P V: %lld rows known finite of %lld", (long long)got,
+                              (long long)nkv);
+                    CHECK_EQ_INT(kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0), 0);
                     close_enough(t, "attention P V", d1, d2, nq * hd, 1e-6, 1e-5);
+                    /* rows vouched finite (n_fin) are not checked again: the same bits */
+                    static float d3[8192];
+                    const int64_t nf = nkv / 2;
+                    const int64_t got2 = ks.attn_pv_f16(d3, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, nf);
+                    CHECK_MSG(got2 == nf || got2 == nkv, "attention P V from %lld: %lld rows known finite", (long long)nf,
+                              (long long)got2);
+                    CHECK_MSG(memcmp(d1, d3, (size_t)(nq * hd) * 4) == 0, "attention P V (%s) with n_fin %lld differs",
+                              ks.name, (long long)nf);
                     /* a key masked for every row (p = 0) whose value overflowed f16 to inf adds
                      * nothing: the outputs stay finite and equal the reference's */
                     if (nkv > 1) {
                         for (int64_t q = 0; q < nq; q++) b[q * ldp + nkv - 1] = 0.0f;
                         for (int64_t i = 0; i < hd; i++) h1[(nkv - 1) * vstride + i] = 0x7c00; /* +inf */
-                        ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd);
-                        kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd);
+                        /* the inf row past n_fin is found: fewer than all rows known finite */
+                        const int64_t gi = ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, nkv - 1);
+                        CHECK_MSG(gi == nkv - 1, "attention P V: an inf value row counted finite (%lld of %lld)",
+                                  (long long)gi, (long long)nkv);
+                        kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0);
                         close_enough(t, "attention P V, masked inf value", d1, d2, nq * hd, 1e-6, 1e-5);
                     }
                 }

@@ -275,8 +275,8 @@ static void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * fp16_to_fp32(x[i]);
 }
 
-static void attn_pv_f16_ref(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v, size_t v_nb,
-                            int64_t n_kv, int64_t hd) {
+static int64_t attn_pv_f16_ref(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
+                               size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin) {
     for (int64_t r = 0; r < nq; r++) {
         float *o = out + r * ldo;
         for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
@@ -286,6 +286,7 @@ static void attn_pv_f16_ref(float *out, int64_t ldo, const float *p, int64_t ldp
             for (int64_t i = 0; i < hd; i++) o[i] += p[r * ldp + j] * fp16_to_fp32(vr[i]);
         }
     }
+    return n_fin; /* no check here */
 }
 
 void cpu_kernels_init_ref(cpu_kernels *k) {

@@ -120,9 +120,13 @@ typedef void (*cpu_attn_probs_fn)(float *s, int64_t n, int64_t n_vis, float scal
 
 /* Attention values: out[r * ldo + i] = sum over j = 0 .. n_kv-1 (in that order) of
  * p[r * ldp + j] * v_j[i], for r < nq, i < hd; value row j (f16) at v + j * v_nb bytes. Terms
- * with p = 0 are skipped (a masked key adds nothing, even where its value is inf). */
-typedef void (*cpu_attn_pv_fn)(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
-                               size_t v_nb, int64_t n_kv, int64_t hd);
+ * with p = 0 are skipped (a masked key adds nothing, even where its value is inf). The caller
+ * vouches that value rows [0, n_fin) are finite (0 <= n_fin <= n_kv: a kernel that checks the rows
+ * checks only the others); returns a count of leading rows now known finite, at least n_fin
+ * (n_kv when the kernel checked the rest and found them finite). The f16 attention hands the
+ * count to the next item of the same kv head (cpu_ops.c). */
+typedef int64_t (*cpu_attn_pv_fn)(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
+                                  size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin);
 
 /* Light-op rows (contiguous f32 rows; same contracts as the reference ops in cpu_ops_ref.c):
  * rmsnorm d = x / sqrt(mean(x^2) + eps) * w (w may be NULL); swiglu d = silu(g) * u;

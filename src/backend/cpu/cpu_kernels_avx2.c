@@ -498,12 +498,16 @@ T2 static bool f16_rows_finite_avx2(const void *v, size_t nb, int64_t n_rows, in
  * columns one value at a time (same fma order). From 4 query rows a finiteness check (one pass over the value rows) picks the
  * tiles without the per-key zero test; below, the check costs more than the test it saves (decode,
  * 2 rows x 1030 cells, Zen 3: 0.30 ms with it, 0.27 without). */
-T2 static void attn_pv_f16_avx2(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
-                                size_t v_nb, int64_t n_kv, int64_t hd) {
+T2 static int64_t attn_pv_f16_avx2(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
+                                   size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin) {
+    bool all_finite = nq >= 4;
     for (int64_t kb = 0; kb < n_kv; kb += PV_KEYS) {
         const int64_t kn = n_kv - kb < PV_KEYS ? n_kv - kb : PV_KEYS;
         const void *vb = (const char *)v + (size_t)kb * v_nb;
-        const bool finite = nq >= 4 && f16_rows_finite_avx2(vb, v_nb, kn, hd);
+        /* rows from n_fin on are checked (those before are vouched for) */
+        const int64_t c0 = n_fin > kb ? (n_fin < kb + kn ? n_fin : kb + kn) : kb;
+        const bool finite = nq >= 4 && f16_rows_finite_avx2((const char *)v + (size_t)c0 * v_nb, v_nb, kb + kn - c0, hd);
+        all_finite = all_finite && finite;
         for (int64_t r0 = 0; r0 < nq; r0 += 5) {
             const int nr = nq - r0 >= 5 ? 5 : (int)(nq - r0);
             float *o = out + r0 * ldo;
@@ -527,6 +531,7 @@ T2 static void attn_pv_f16_avx2(float *out, int64_t ldo, const float *p, int64_t
             }
         }
     }
+    return all_finite ? n_kv : n_fin;
 }
 #undef PV_ROWS_SWITCH
 #undef PV_ROWS_SWITCH_M

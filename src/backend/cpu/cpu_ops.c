@@ -334,6 +334,9 @@ static void attn16_fn(void *ctx, int ith, int nth) {
     cpu_act_layout(&act, CPU_DOT_F32, hd, job->rows, qb);
 
     const int64_t n_qt = (nq + job->tq - 1) / job->tq, n_items = nh_kv * n_qt;
+    /* leading value rows of kv head fin_hk known finite (attn_pv_f16's n_fin): a thread's next
+     * item is mostly the same head's, and the op does not write the cache */
+    int64_t fin_hk = -1, fin_n = 0;
     for (int64_t it = ith; it < n_items; it += nth) {
         const int64_t hk = it / n_qt, iq0 = (it % n_qt) * job->tq;
         const int64_t nqi = nq - iq0 < job->tq ? nq - iq0 : job->tq, rows = nqi * group;
@@ -385,7 +388,12 @@ static void attn16_fn(void *ctx, int ith, int nth) {
             job->k->act_row[QUANT_TYPE_F16](&pact, 0, sr);
         }
         const char *vbase = (const char *)v->data + (size_t)hk * v->nb[1];
-        job->k->attn_pv_f16(ob, hd_v, sb, ldk, rows, vbase, v->nb[2], kv_end, hd_v);
+        const int64_t n_fin = hk != fin_hk ? 0 : fin_n < kv_end ? fin_n : kv_end;
+        const int64_t got = job->k->attn_pv_f16(ob, hd_v, sb, ldk, rows, vbase, v->nb[2], kv_end, hd_v, n_fin);
+        if (hk != fin_hk || got > fin_n) {
+            fin_hk = hk;
+            fin_n = got;
+        }
         for (int64_t r = 0; r < rows; r++) {
             const int64_t iq = iq0 + r / group, h = hk * group + r % group;
             memcpy((char *)d->data + (size_t)h * d->nb[1] + (size_t)iq * d->nb[2], ob + r * hd_v,

@@ -29,11 +29,15 @@
 
 /* ---- activation preparation ---------------------------------------------------------------- */
 
+/* d[j] = x[j] rounded to f16, for j in [i, n): whole 16s from i as vectors, the rest one by one
+ * (act_row_f16_512's rounding, which softmax_512 repeats on its probabilities). */
+T512 INL void round_f16_run_512(float *d, const float *x, int64_t i, int64_t n) {
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(d + i, round_f16_512(_mm512_loadu_ps(x + i)));
+    for (; i < n; i++) d[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+}
+
 T512 static void act_row_f16_512(cpu_act *act, int64_t r, const float *x) {
-    float *f = act->f + r * act->n_in;
-    int64_t i = 0;
-    for (; i + 16 <= act->n_in; i += 16) _mm512_storeu_ps(f + i, round_f16_512(_mm512_loadu_ps(x + i)));
-    for (; i < act->n_in; i++) f[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+    round_f16_run_512(act->f + r * act->n_in, x, 0, act->n_in);
 }
 
 T512 static void act_row_bf16_512(cpu_act *act, int64_t r, const float *x) {
@@ -526,10 +530,7 @@ T512 INL void softmax_512(float *p, const float *s, int64_t n, const bool PROBS,
     if (PROBS) s = p; /* the scaled scores */
     if (bad) { /* a NaN or +Inf score: the row is NaN (never hidden) */
         for (i = 0; i < n; i++) p[i] = NAN;
-        if (PROBS) { /* rounded as act_row_f16_512 rounds */
-            for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(p + i, round_f16_512(_mm512_loadu_ps(p + i)));
-            for (; i < n; i++) p[i] = fp16_to_fp32(fp32_to_fp16(p[i]));
-        }
+        if (PROBS) round_f16_run_512(p, p, 0, n); /* rounded as act_row_f16_512 rounds */
         return;
     }
     if (max == -INFINITY) {
@@ -560,9 +561,7 @@ T512 INL void softmax_512(float *p, const float *s, int64_t n, const bool PROBS,
     if (i < n) {
         const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
         _mm512_mask_storeu_ps(p + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + i), inv));
-        if (PROBS) {
-            for (; i < n; i++) p[i] = fp16_to_fp32(fp32_to_fp16(p[i]));
-        }
+        if (PROBS) round_f16_run_512(p, p, i, n); /* the tail, one by one as act_row_f16_512 */
     }
 }
 

@@ -14,6 +14,21 @@
 #include <string.h>
 #include <unistd.h>
 
+/* --depth N: the prompt becomes N tokens, the tokenized -p text repeated (the rows after the
+ * prompt then run with N cells of context, as llama-bench's -d). False when out of memory. */
+static bool bench_prompt_depth(int32_t **prompt, int64_t *n_prompt, int64_t n_depth) {
+    int32_t *p = malloc((size_t)n_depth * sizeof(int32_t));
+    if (p == NULL) {
+        fprintf(stderr, "dflash bench: out of memory for a prompt of %lld tokens\n", (long long)n_depth);
+        return false;
+    }
+    for (int64_t i = 0; i < n_depth; i++) p[i] = (*prompt)[i % *n_prompt];
+    free(*prompt);
+    *prompt = p;
+    *n_prompt = n_depth;
+    return true;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -159,12 +174,12 @@ static void batched_row(bench *b, int i, double ms, const char *suffix) {
         snprintf(row->note, sizeof(row->note), "prompt of %lld tokens, batches of %lld", (long long)b->n_pp,
                  (long long)b->o.n_batch);
     } else if (i == 1) {
-        row = bench_add_row(b, "verify%lld%s", (long long)b->n_verify, suffix);
+        row = bench_add_row(b, "verify%lld%s%s", (long long)b->n_verify, b->depth_tag, suffix);
         row->tok_s = (double)b->n_verify / (ms / 1e3);
         snprintf(row->note, sizeof(row->note), "one batch of %lld tokens, logits for all: %.2fx one tg step",
                  (long long)b->n_verify, ms / b->tg_ms);
     } else {
-        row = bench_add_row(b, "verify%lldx%d%s", (long long)b->n_verify, b->n_vseq, suffix);
+        row = bench_add_row(b, "verify%lldx%d%s%s", (long long)b->n_verify, b->n_vseq, b->depth_tag, suffix);
         row->tok_s = (double)(b->n_verify * b->n_vseq) / (ms / 1e3);
         snprintf(row->note, sizeof(row->note), "one batch of %d sequences x %lld tokens (%lld rows), each after its own "
                  "prompt, logits for all: %.2fx one tg step", b->n_vseq, (long long)b->n_verify,
@@ -224,7 +239,7 @@ static bool bench_ar(bench *b, const int32_t *prompt, int64_t n_prompt) {
     }
     if (ok) {
         batched_row(b, 0, ms[0], "");
-        bench_row *row = bench_add_row(b, "tg%lld", (long long)b->n_tg);
+        bench_row *row = bench_add_row(b, "tg%lld%s", (long long)b->n_tg, b->depth_tag);
         row->ms = b->tg_ms;
         row->tok_s = 1e3 / b->tg_ms;
         row->gb_s = (double)b->weight_bytes / (row->ms / 1e3) / 1e9;
@@ -244,6 +259,8 @@ static int usage(FILE *out) {
                  "  --pp N          prompt-processing tokens (default 512)\n"
                  "  --tg N          generation tokens (default 64)\n"
                  "  --verify N      tokens in the verification-sized batch (default 16)\n"
+                 "  --depth N       the rows after the prompt (tg, verify, speculative) follow N tokens of\n"
+                 "                  context: the prompt repeated to N tokens (as llama-bench -d; rows @ dN)\n"
                  "  --verify-seqs N sequences of the multi-sequence verify: one batch of N x --verify\n"
                  "                  tokens, each sequence after its own prompt (default 8)\n"
                  "  --threads-scan  the batched rows (pp, verify, verify x sequences) again at 1 thread,\n"
@@ -276,7 +293,7 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--llama")) { b.llama = true; continue; }
         if (!strcmp(a, "--threads-scan")) { b.threads_scan = true; continue; }
         if (!strcmp(a, "-r") || !strcmp(a, "--pp") || !strcmp(a, "--tg") || !strcmp(a, "--verify") || !strcmp(a, "--spec-n") ||
-            !strcmp(a, "--verify-seqs")) {
+            !strcmp(a, "--verify-seqs") || !strcmp(a, "--depth")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "dflash bench: option %s needs a value\n", a);
                 return 2;
@@ -292,6 +309,7 @@ int cmd_bench(int argc, char **argv) {
             else if (!strcmp(a, "--tg")) b.n_tg = v;
             else if (!strcmp(a, "--verify")) b.n_verify = v;
             else if (!strcmp(a, "--verify-seqs")) b.n_vseq = (int32_t)v;
+            else if (!strcmp(a, "--depth")) b.n_depth = v;
             else b.n_spec = v < 2 ? 2 : v;
             continue;
         }
@@ -318,6 +336,8 @@ int cmd_bench(int argc, char **argv) {
     b.s.engine = NULL;
     int32_t *prompt = NULL;
     int64_t n_prompt = cli_tokenize_prompt(&b.s, &b.o, b.o.prompt, &prompt, "bench");
+    if (n_prompt > 0 && b.n_depth > 0 && !bench_prompt_depth(&prompt, &n_prompt, b.n_depth)) n_prompt = -1;
+    if (b.n_depth > 0) snprintf(b.depth_tag, sizeof(b.depth_tag), " @ d%lld", (long long)b.n_depth);
     /* the engines' contexts hold the prompt (-p may be long) and what the rows generate after it */
     if (n_prompt > 0 && n_prompt + b.n_tg + b.n_spec + 256 > b.o.n_ctx) b.o.n_ctx = n_prompt + b.n_tg + b.n_spec + 256;
     dfl_engine_params ep = cli_engine_params(&b.o);
@@ -347,10 +367,11 @@ int cmd_bench(int argc, char **argv) {
             }
         }
         printf("model: %s (%s, %lld layers, n_embd %lld, %.1f MB)%s%s%s, threads %d (0 = all cores), %s queues, "
-               "median of %d after a warm-up\n\n",
+               "median of %d after a warm-up%s\n\n",
                b.o.model ? b.o.model : b.s.tpath, dfl_arch_name(hp->arch), (long long)hp->n_layer, (long long)hp->n_embd, (double)b.weight_bytes / 1e6,
                b.s.drafter ? ", drafter " : "", b.s.drafter ? (b.o.draft ? b.o.draft : b.s.dpath) : "", dv, b.o.n_threads,
-               b.o.async ? "async" : "sync", b.reps);
+               b.o.async ? "async" : "sync", b.reps,
+               b.n_depth > 0 ? "; --depth: the rows after the prompt (all but pp) follow a prompt of that many tokens" : "");
         printf("| test | tok/s | ms | GB/s | notes |\n|---|---:|---:|---:|---|\n");
         for (int i = 0; i < b.n_rows; i++) {
             char gbs[32] = "", toks[32] = "";

@@ -21,6 +21,8 @@ typedef struct bench {
     cli_opts o;
     int reps;
     int64_t n_pp, n_tg, n_verify, n_spec;
+    char depth_tag[32];    /* " @ dN" in the row names with --depth, else empty */
+    int64_t n_depth;       /* --depth: context tokens before the tg, verify and speculative rows (0: the prompt) */
     int32_t n_vseq;        /* sequences of the multi-sequence verify (--verify-seqs) */
     bool csv, llama, threads_scan;
     cli_session s;         /* s.engine is not used: the bench builds its own engines */

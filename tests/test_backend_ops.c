@@ -823,6 +823,14 @@ TEST(backend_light_row_kernels) {
                                   (long long)gi, (long long)nkv);
                         kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0);
                         close_enough(t, "attention P V, masked inf value", d1, d2, nq * hd, 1e-6, 1e-5);
+                        /* an inf only in the row's last value (the last chunk a kernel checks on
+                         * its own): still found, and the sums still the reference's */
+                        for (int64_t i = 0; i < hd - 1; i++) h1[(nkv - 1) * vstride + i] = fp32_to_fp16(0.5f);
+                        const int64_t gl = ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0);
+                        CHECK_MSG(gl == 0, "attention P V: a row with one inf value counted finite (%lld of %lld)",
+                                  (long long)gl, (long long)nkv);
+                        kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0);
+                        close_enough(t, "attention P V, one masked inf value", d1, d2, nq * hd, 1e-6, 1e-5);
                     }
                 }
     }

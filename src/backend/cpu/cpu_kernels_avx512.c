@@ -574,35 +574,47 @@ T512 static void attn_probs_row_512(float *s, int64_t n, int64_t n_vis, float sc
 
 /* ---- attention: P V over f16 value rows ------------------------------------------------------ */
 
-/* out[r] (+0 .. 63 of chunk i0) = sum over j ascending of p[r][j] * v_j, NR query rows at once:
- * each value vector is converted once for NR rows. MASK: a key whose p is 0 is skipped (its value
- * may be inf or NaN: a masked cell); without MASK (every value finite) it is added as 0 * v = +-0,
- * which leaves the sum as skipping it would: x + (+-0) = x for x != 0 and +0 + (+-0) = +0 (the sum
- * starts at +0; only a sum that underflowed to -0 would turn +0, a value equal to it).
+/* out[r] (+0 .. 16 NC - 1 of chunk i0) = sum over j ascending of p[r][j] * v_j, NR query rows at
+ * once: each value vector is converted once for NR rows. MASK: a key whose p is 0 is skipped (its
+ * value may be inf or NaN: a masked cell); without MASK (every value finite) it is added as
+ * 0 * v = +-0, which leaves the sum as skipping it would: x + (+-0) = x for x != 0 and
+ * +0 + (+-0) = +0 (the sum starts at +0; only a sum that underflowed to -0 would turn +0, a value
+ * equal to it). CHECK: also tests every value loaded for inf / NaN (an f16 whose exponent bits are
+ * all set) and returns true when one was found (the sums are then unusable without MASK).
  * The value rows are prefetched 16 keys ahead: they lie n_head_kv * head_dim * 2 bytes apart (one
  * row of the cache per key), a stride the hardware prefetchers follow poorly across pages (16 rows
  * x 4097 cells: 4.7 -> 2.7 ms on Zen 5). */
-T512 INL void pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, const int NR, const void *v, size_t v_nb,
-                      int64_t n_kv, int64_t i0, int64_t hd, const bool MASK) {
-    __mmask16 m[4];
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
+T512 INL bool pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, const int NR, const void *v, size_t v_nb,
+                      int64_t n_kv, int64_t i0, int64_t hd, const int NC, const bool MASK, const bool CHECK) {
+    __mmask16 m[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) {
         const int64_t left = hd - i0 - 16 * c;
         m[c] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
     }
-    __m512 acc[6][4];
+    const int64_t left = hd - i0 < 16 * NC ? hd - i0 : 16 * NC;
+    const int n_lines = (int)((2 * left + 63) / 64); /* cache lines of a row's chunk */
+    const __m256i em = _mm256_set1_epi16(0x7c00);
+    __mmask16 bad = 0;
+    __m512 acc[6][8];
 #pragma GCC unroll 6
     for (int r = 0; r < NR; r++) {
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_ps();
     }
     for (int64_t j = 0; j < n_kv; j++) {
         const uint16_t *vr = (const uint16_t *)((const char *)v + (size_t)j * v_nb) + i0;
-        _mm_prefetch((const char *)vr + 16 * v_nb, _MM_HINT_T0);
-        if (hd - i0 > 32) _mm_prefetch((const char *)vr + 16 * v_nb + 64, _MM_HINT_T0);
-        __m512 vv[4];
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) vv[c] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[c], vr + 16 * c));
+        for (int l = 0; l < NC / 2; l++) {
+            if (l < n_lines) _mm_prefetch((const char *)vr + 16 * v_nb + 64 * l, _MM_HINT_T0);
+        }
+        __m512 vv[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
+            const __m256i raw = _mm256_maskz_loadu_epi16(m[c], vr + 16 * c);
+            if (CHECK) bad |= _mm256_cmpeq_epi16_mask(_mm256_and_si256(raw, em), em);
+            vv[c] = _mm512_cvtph_ps(raw);
+        }
 #pragma GCC unroll 6
         for (int r = 0; r < NR; r++) {
             const float pr = p[r * ldp + j];
@@ -610,69 +622,73 @@ T512 INL void pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, cons
             if (MASK) {
                 /* a masked key (p = 0) adds nothing, even where its value is inf */
                 const __mmask16 nz = pr != 0.0f ? (__mmask16)0xffff : (__mmask16)0;
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) acc[r][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[r][c], nz);
+#pragma GCC unroll 8
+                for (int c = 0; c < NC; c++) acc[r][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[r][c], nz);
             } else {
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
+#pragma GCC unroll 8
+                for (int c = 0; c < NC; c++) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
             }
         }
     }
 #pragma GCC unroll 6
     for (int r = 0; r < NR; r++) {
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(out + r * ldo + i0 + 16 * c, m[c], acc[r][c]);
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) _mm512_mask_storeu_ps(out + r * ldo + i0 + 16 * c, m[c], acc[r][c]);
+    }
+    return bad != 0;
+}
+
+/* One tile of nr (1..6) rows; chunks of 128 values (NC 8) for up to 2 rows. */
+T512 INL bool pv_tile_nr(float *o, int64_t ldo, const float *pr, int64_t ldp, int nr, const void *v, size_t v_nb,
+                         int64_t n_kv, int64_t i0, int64_t hd, const bool wide, const bool MASK, const bool CHECK) {
+    if (wide) {
+        return nr == 1 ? pv_tile(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, hd, 8, MASK, CHECK)
+                       : pv_tile(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, hd, 8, MASK, CHECK);
+    }
+    switch (nr) {
+    case 1: return pv_tile(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
+    case 2: return pv_tile(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
+    case 3: return pv_tile(o, ldo, pr, ldp, 3, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
+    case 4: return pv_tile(o, ldo, pr, ldp, 4, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
+    case 5: return pv_tile(o, ldo, pr, ldp, 5, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
+    default: return pv_tile(o, ldo, pr, ldp, 6, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
     }
 }
 
-/* Whether the first n f16 values of each of n_rows rows (nb bytes apart) are all finite (an f16 is
- * inf or NaN when its exponent bits are all set). */
-T512 static bool f16_rows_finite_512(const void *v, size_t nb, int64_t n_rows, int64_t n) {
-    const __m512i em = _mm512_set1_epi16(0x7c00);
-    __mmask32 bad = 0;
-    for (int64_t j = 0; j < n_rows; j++) {
-        const uint16_t *r = (const uint16_t *)((const char *)v + (size_t)j * nb);
-        for (int64_t i = 0; i < n; i += 32) {
-            const __mmask32 mk = n - i >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (n - i)) - 1);
-            const __m512i x = _mm512_maskz_loadu_epi16(mk, r + i);
-            bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(x, em), em);
-        }
-    }
-    return bad == 0;
-}
-
-#define PV_TILE_SWITCH(MASK)                                                                    \
-    switch (nr) {                                                                               \
-    case 1: pv_tile(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, hd, MASK); break;                   \
-    case 2: pv_tile(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, hd, MASK); break;                   \
-    case 3: pv_tile(o, ldo, pr, ldp, 3, v, v_nb, n_kv, i0, hd, MASK); break;                   \
-    case 4: pv_tile(o, ldo, pr, ldp, 4, v, v_nb, n_kv, i0, hd, MASK); break;                   \
-    case 5: pv_tile(o, ldo, pr, ldp, 5, v, v_nb, n_kv, i0, hd, MASK); break;                   \
-    default: pv_tile(o, ldo, pr, ldp, 6, v, v_nb, n_kv, i0, hd, MASK); break;                  \
-    }
-
-/* The value rows are checked once: all finite (the cache as the model writes it) takes the tiles
- * without the per-key zero test (with the value prefetch, 8-10% less attention time at 16-128 rows
- * over ~1000 cells on Zen 5; the check itself pays the value loads' latency, so it saves less). */
+/* The values the caller does not vouch for are checked in the first row tile of each chunk, in
+ * the same pass that multiplies them (before, a separate pass over the value rows, without
+ * prefetch, took 59% of the kernel's time in a decode step after 4096 cells on Zen 4): a chunk
+ * found all finite takes the tiles without the per-key zero test (with the value prefetch, 8-10%
+ * less attention time at 16-128 rows over ~1000 cells on Zen 5), one with an inf or NaN redoes
+ * that tile with it. Either way the sums are the same bits (pv_tile). Up to 2 query rows (a
+ * decode step's query heads of one kv head) take the whole 128 values of a row per pass. */
 T512 static int64_t attn_pv_f16_512(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
                                     size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin) {
-    /* rows from n_fin on (those before are vouched for) */
-    const bool finite = f16_rows_finite_512((const char *)v + (size_t)n_fin * v_nb, v_nb, n_kv - n_fin, hd);
-    for (int64_t i0 = 0; i0 < hd; i0 += 64) {
+    if (nq <= 0) return n_fin; /* nothing read, nothing checked */
+    const bool known = n_fin >= n_kv, wide = nq <= 2 && hd > 64;
+    const int64_t step = wide ? 128 : 64;
+    bool all_fin = true;
+    for (int64_t i0 = 0; i0 < hd; i0 += step) {
+        bool fin = known, bad = false; /* this chunk's values: known finite / found not */
         for (int64_t r0 = 0; r0 < nq; r0 += 6) {
             const int nr = nq - r0 >= 6 ? 6 : (int)(nq - r0);
             float *o = out + r0 * ldo;
             const float *pr = p + r0 * ldp;
-            if (finite) {
-                PV_TILE_SWITCH(false)
+            if (fin) {
+                pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, false, false);
+            } else if (bad) {
+                pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, true, false);
+            } else if (!pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, false, true)) {
+                fin = true;
             } else {
-                PV_TILE_SWITCH(true)
+                bad = true;
+                all_fin = false;
+                pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, true, false);
             }
         }
     }
-    return finite ? n_kv : n_fin;
+    return known || all_fin ? n_kv : n_fin;
 }
-#undef PV_TILE_SWITCH
 
 /* ---- light-op rows --------------------------------------------------------------------------- */
 

@@ -112,3 +112,26 @@ TEST(bench_cli_long_prompt) {
     check_row(t, out, "verify4", true);
     check_row(t, out, "spec d3", true);
 }
+
+/* --depth N: the rows after the prompt follow N tokens of context (their names say @ dN, the
+ * ar-gen row's prompt is N tokens); the pp row is not renamed; a bad value is refused. */
+TEST(bench_cli_depth) {
+    char tgt[512], dft[512], args[2048];
+    static char out[65536];
+    if (!tu_make_models(t, "m", "--block-size 4", tgt, dft, sizeof(tgt))) return;
+    snprintf(args, sizeof(args), "-m %s -md %s -r 1 --pp 8 --tg 4 --spec-n 4 --verify 4 --verify-seqs 2 --depth 300 -t 1",
+             tgt, dft);
+    const int rc = run_bench(args, out, sizeof(out));
+    CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
+    check_row(t, out, "tg4 @ d300", true);
+    check_row(t, out, "verify4 @ d300", true);
+    check_row(t, out, "verify4x2 @ d300", true);
+    check_row(t, out, "pp8", true);
+    CHECK_STR_CONTAINS(out, "tokens after a 300-token prompt");
+    const char *bad[] = {"--depth 0", "--depth x", "--depth"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(args, sizeof(args), "-m %s %s", tgt, bad[i]);
+        CHECK_MSG(run_bench(args, out, sizeof(out)) == 2, "%s: %s", bad[i], out);
+        CHECK_STR_CONTAINS(out, "--depth");
+    }
+}

@@ -122,7 +122,8 @@ typedef void (*cpu_attn_probs_fn)(float *s, int64_t n, int64_t n_vis, float scal
  * p[r * ldp + j] * v_j[i], for r < nq, i < hd; value row j (f16) at v + j * v_nb bytes. Terms
  * with p = 0 are skipped (a masked key adds nothing, even where its value is inf). The caller
  * vouches that value rows [0, n_fin) are finite (0 <= n_fin <= n_kv: a kernel that checks the rows
- * checks only the others); returns a count of leading rows now known finite, at least n_fin
+ * need check only the others; the AVX-512 one checks all of them unless n_fin = n_kv, in the pass
+ * that multiplies them); returns a count of leading rows now known finite, at least n_fin
  * (n_kv when the kernel checked the rest and found them finite). The f16 attention hands the
  * count to the next item of the same kv head (cpu_ops.c). */
 typedef int64_t (*cpu_attn_pv_fn)(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,

@@ -669,22 +669,19 @@ T512 static int64_t attn_pv_f16_512(float *out, int64_t ldo, const float *p, int
     const int64_t step = wide ? 128 : 64;
     bool all_fin = true;
     for (int64_t i0 = 0; i0 < hd; i0 += step) {
-        bool fin = known, bad = false; /* this chunk's values: known finite / found not */
+        bool checked = known, mask = false; /* this chunk's values: checked, and the zero test needed */
         for (int64_t r0 = 0; r0 < nq; r0 += 6) {
             const int nr = nq - r0 >= 6 ? 6 : (int)(nq - r0);
             float *o = out + r0 * ldo;
             const float *pr = p + r0 * ldp;
-            if (fin) {
-                pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, false, false);
-            } else if (bad) {
-                pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, true, false);
-            } else if (!pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, false, true)) {
-                fin = true;
-            } else {
-                bad = true;
+            if (!checked) { /* the chunk's first tile checks as it goes; found finite, it is done */
+                checked = true;
+                if (!pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, false, true)) continue;
+                mask = true; /* an inf or NaN: this tile again, and the rest, with the zero test */
                 all_fin = false;
-                pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, true, false);
             }
+            if (mask) pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, true, false);
+            else pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, false, false);
         }
     }
     return known || all_fin ? n_kv : n_fin;

@@ -40,6 +40,10 @@ LOOP(l_zx, FOUR("vpmovzxbd ", "%%xmm12", ""))
 LOOP(l_mull, FOUR("vpmulld %%zmm12, ", "%%zmm13", ""))
 LOOP(l_wssd, FOUR("vpdpwssd %%zmm12, ", "%%zmm13", ""))
 LOOP(l_fma, FOUR("vfmadd231ps %%zmm12, ", "%%zmm13", ""))
+LOOP(l_mul, FOUR("vmulps %%zmm12, ", "%%zmm13", ""))
+LOOP(l_sll, FOUR("vpslld $7, ", "%%zmm12", ""))
+LOOP(l_mov, FOUR("vmovdqa32 ", "%%zmm12", ""))
+LOOP(l_cvtph, FOUR("vcvtph2ps ", "%%ymm12", ""))
 LOOP(l_store, "vmovdqu64 %%zmm12, 1024(%1)\n\t vmovdqu64 %%zmm12, 1088(%1)\n\t"
               "vmovdqu64 %%zmm12, 1152(%1)\n\t vmovdqu64 %%zmm12, 1216(%1)\n\t")
 
@@ -72,6 +76,8 @@ int main(void) {
         {"+ 4 vpternlogd", l_tern},            {"+ 4 vcvtdq2ps", l_cvt},
         {"+ 4 vpmovzxbd", l_zx},               {"+ 4 vpmulld", l_mull},
         {"+ 4 vpdpwssd", l_wssd},              {"+ 4 vfmadd231ps", l_fma},
+        {"+ 4 vmulps", l_mul},                 {"+ 4 vpslld", l_sll},
+        {"+ 4 vmovdqa32 (register copies)", l_mov}, {"+ 4 vcvtph2ps", l_cvtph},
         {"+ 4 zmm stores", l_store},           {"each: vpbroadcastd from memory", l_bcast},
         {"each: embedded {1to16} operand", l_embed},
     };

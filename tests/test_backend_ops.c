@@ -361,6 +361,61 @@ TEST(backend_attention_row_invariance) {
     }
 }
 
+/* A decode step reads its kv heads' cache rows together, block by block of cells, its P V sums
+ * going on from block to block (cpu_ops.c attn16_decode_fn): its output is the batch path's for
+ * the same query row, bit for bit, with 8 kv heads over 1-8 threads (shares of 1-8 heads, uneven
+ * with 3), cells across several blocks and a partial one, and masked cells whose keys and values
+ * are inf or NaN (a whole block of them, and scattered ones), which must add nothing. */
+TEST(backend_attention_decode_blocks) {
+    rng r = {33};
+    enum { HD = 128, NH = 16, NH_KV = 8, NQ = 3, NKV = 300, ROW = 1 };
+    static uint16_t kc[HD * NH_KV * NKV], vc[HD * NH_KV * NKV];
+    static float q[HD * NH * NQ], mask[NKV * NQ], out[HD * NH * NQ], one[HD * NH];
+    fill_f32(&r, q, HD * NH * NQ, 4.0f);
+    for (int j = 0; j < NKV; j++) {
+        const bool hidden = (j >= 128 && j < 192) || j % 5 == 3 || j >= 290; /* for every row */
+        for (int iq = 0; iq < NQ; iq++) mask[iq * NKV + j] = hidden ? -INFINITY : (j % 7 == 0 ? -0.5f : 0.0f);
+        for (int i = 0; i < HD * NH_KV; i++) {
+            kc[j * HD * NH_KV + i] = fp32_to_fp16(rng_f(&r) * 2.0f);
+            vc[j * HD * NH_KV + i] = fp32_to_fp16(rng_f(&r));
+            if (hidden && i % 9 == j % 9) {
+                vc[j * HD * NH_KV + i] = i % 2 ? 0x7c00 : 0x7e00; /* inf, NaN */
+                kc[j * HD * NH_KV + i] = 0xfc00;                  /* -inf */
+            }
+        }
+    }
+    for (int level = 0; level < TEST_LEVELS; level++) {
+        if (!level_available(level)) continue;
+        static const int nts[] = {1, 2, 3, 8};
+        for (int ti = 0; ti < 4; ti++) {
+            backend *be = make_backend(nts[ti], level, false);
+            REQUIRE(be);
+            backend_op op;
+            memset(&op, 0, sizeof(op));
+            op.kind = BACKEND_OP_ATTENTION;
+            op.src[0] = tensor_3d(QUANT_TYPE_F32, q, HD, NH, NQ);
+            op.src[1] = tensor_3d(QUANT_TYPE_F16, kc, HD, NH_KV, NKV);
+            op.src[2] = tensor_3d(QUANT_TYPE_F16, vc, HD, NH_KV, NKV);
+            op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, NKV, NQ);
+            op.dst = tensor_3d(QUANT_TYPE_F32, out, HD, NH, NQ);
+            run_op(be, &op);
+            op.src[0] = tensor_3d(QUANT_TYPE_F32, q + ROW * HD * NH, HD, NH, 1);
+            op.src[3] = tensor_2d(QUANT_TYPE_F32, mask + ROW * NKV, NKV, 1);
+            op.dst = tensor_3d(QUANT_TYPE_F32, one, HD, NH, 1);
+            memset(one, 0xff, sizeof(one));
+            run_op(be, &op);
+            CHECK_MSG(memcmp(one, out + ROW * HD * NH, sizeof(one)) == 0,
+                      "attention %s, %d threads: the decode row differs from the batch's", k_level_names[level],
+                      nts[ti]);
+            bool finite = true;
+            for (int i = 0; i < HD * NH; i++) finite = finite && isfinite(one[i]);
+            CHECK_MSG(finite, "attention %s, %d threads: masked inf / NaN cells reached the decode output",
+                      k_level_names[level], nts[ti]);
+            backend_free(be);
+        }
+    }
+}
+
 /* Structured mask kinds (BACKEND_ATTN_CAUSAL / BACKEND_ATTN_FULL: no mask tensor, the kernel
  * computes the visible cells from the row index) give the same bits as the same op with the mask
  * tensor that kind describes: in the scalar reference, and at every level through the tiled f16
@@ -722,6 +777,13 @@ TEST(backend_op_argmax) {
 
 /* The light-op row kernels of every level against the scalar ones, on awkward lengths, with
  * ties, infinities and NaNs where the contract covers them. */
+/* P V over keys [0, s1) then [s1, nkv) continuing the sums (cpu_attn_pv_fn's acc). */
+static void pv_split(const cpu_kernels *ks, float *d, int64_t hd, const float *b, int64_t ldp, int64_t nq,
+                     const uint16_t *h, int64_t vstride, int64_t nkv, int64_t s1) {
+    ks->attn_pv_f16(d, hd, b, ldp, nq, h, (size_t)vstride * 2, s1, hd, 0, false);
+    ks->attn_pv_f16(d, hd, b + s1, ldp, nq, h + s1 * vstride, (size_t)vstride * 2, nkv - s1, hd, 0, true);
+}
+
 TEST(backend_light_row_kernels) {
     rng r = {14};
     static const int64_t lens[] = {1, 2, 7, 15, 16, 17, 31, 33, 64, 255, 256, 1000, 4097};
@@ -799,38 +861,53 @@ TEST(backend_light_row_kernels) {
                     REQUIRE(nkv * vstride <= 65536 && nq * ldp <= 8192 && nq * hd <= 8192);
                     fill_f32(&r, b, nq * ldp, 1.0f);
                     for (int64_t i = 0; i < nkv * vstride; i++) h1[i] = fp32_to_fp16(rng_f(&r));
-                    const int64_t got = ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0);
+                    const int64_t got = ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0, false);
                     CHECK_MSG(got == 0 || got == nkv, "attention P V: %lld rows known finite of %lld", (long long)got,
                               (long long)nkv);
-                    CHECK_EQ_INT(kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0), 0);
+                    CHECK_EQ_INT(kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0, false), 0);
                     close_enough(t, "attention P V", d1, d2, nq * hd, 1e-6, 1e-5);
                     /* rows vouched finite (n_fin) are not checked again: the same bits */
                     static float d3[8192];
                     const int64_t nf = nkv / 2;
-                    const int64_t got2 = ks.attn_pv_f16(d3, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, nf);
+                    const int64_t got2 = ks.attn_pv_f16(d3, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, nf, false);
                     CHECK_MSG(got2 == nf || got2 == nkv, "attention P V from %lld: %lld rows known finite", (long long)nf,
                               (long long)got2);
                     CHECK_MSG(memcmp(d1, d3, (size_t)(nq * hd) * 4) == 0, "attention P V (%s) with n_fin %lld differs",
                               ks.name, (long long)nf);
+                    /* the keys in two calls, the second continuing the first's sums (acc): the
+                     * same bits (a decode step reads several heads' values per block of cells) */
+                    static float d4[8192];
+                    const int64_t s1 = nkv / 3 + 1;
+                    if (nkv > 1) {
+                        pv_split(&ks, d4, hd, b, ldp, nq, h1, vstride, nkv, s1);
+                        CHECK_MSG(memcmp(d1, d4, (size_t)(nq * hd) * 4) == 0,
+                                  "attention P V (%s) over keys [0, %lld) + [%lld, %lld) differs from one call", ks.name,
+                                  (long long)s1, (long long)s1, (long long)nkv);
+                    }
                     /* a key masked for every row (p = 0) whose value overflowed f16 to inf adds
                      * nothing: the outputs stay finite and equal the reference's */
                     if (nkv > 1) {
                         for (int64_t q = 0; q < nq; q++) b[q * ldp + nkv - 1] = 0.0f;
                         for (int64_t i = 0; i < hd; i++) h1[(nkv - 1) * vstride + i] = 0x7c00; /* +inf */
                         /* the inf row past n_fin is found: fewer than all rows known finite */
-                        const int64_t gi = ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, nkv - 1);
+                        const int64_t gi = ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, nkv - 1, false);
                         CHECK_MSG(gi == nkv - 1, "attention P V: an inf value row counted finite (%lld of %lld)",
                                   (long long)gi, (long long)nkv);
-                        kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0);
+                        kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0, false);
                         close_enough(t, "attention P V, masked inf value", d1, d2, nq * hd, 1e-6, 1e-5);
                         /* an inf only in the row's last value (the last chunk a kernel checks on
                          * its own): still found, and the sums still the reference's */
                         for (int64_t i = 0; i < hd - 1; i++) h1[(nkv - 1) * vstride + i] = fp32_to_fp16(0.5f);
-                        const int64_t gl = ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0);
+                        const int64_t gl = ks.attn_pv_f16(d1, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0, false);
                         CHECK_MSG(gl == 0, "attention P V: a row with one inf value counted finite (%lld of %lld)",
                                   (long long)gl, (long long)nkv);
-                        kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0);
+                        kr.attn_pv_f16(d2, hd, b, ldp, nq, h1, (size_t)vstride * 2, nkv, hd, 0, false);
                         close_enough(t, "attention P V, one masked inf value", d1, d2, nq * hd, 1e-6, 1e-5);
+                        /* split, the inf in the second part: found there, the first part's sums kept */
+                        pv_split(&ks, d4, hd, b, ldp, nq, h1, vstride, nkv, s1);
+                        CHECK_MSG(memcmp(d1, d4, (size_t)(nq * hd) * 4) == 0,
+                                  "attention P V (%s), one masked inf value, split at %lld: differs from one call",
+                                  ks.name, (long long)s1);
                     }
                 }
     }

@@ -276,10 +276,11 @@ static void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n) {
 }
 
 static int64_t attn_pv_f16_ref(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
-                               size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin) {
+                               size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin, bool acc) {
     for (int64_t r = 0; r < nq; r++) {
         float *o = out + r * ldo;
-        for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+        if (!acc)
+            for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
         for (int64_t j = 0; j < n_kv; j++) {
             if (p[r * ldp + j] == 0.0f) continue; /* a zero probability adds nothing, even to inf */
             const uint16_t *vr = (const uint16_t *)((const char *)v + (size_t)j * v_nb);

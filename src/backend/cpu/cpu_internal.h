@@ -125,9 +125,13 @@ typedef void (*cpu_attn_probs_fn)(float *s, int64_t n, int64_t n_vis, float scal
  * need check only the others; the AVX-512 one checks all of them unless n_fin = n_kv, in the pass
  * that multiplies them); returns a count of leading rows now known finite, at least n_fin
  * (n_kv when the kernel checked the rest and found them finite). The f16 attention hands the
- * count to the next item of the same kv head (cpu_ops.c). */
+ * count to the next item of the same kv head (cpu_ops.c). acc: out already holds the sums over
+ * earlier keys, which these keys' terms continue in order: calls over consecutive key ranges
+ * with acc from the second on give the same bits as one call over them all (each sum is one
+ * chain of fmas over the keys), which lets a decode step read several heads' value rows per
+ * block of cells. */
 typedef int64_t (*cpu_attn_pv_fn)(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
-                                  size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin);
+                                  size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin, bool acc);
 
 /* Light-op rows (contiguous f32 rows; same contracts as the reference ops in cpu_ops_ref.c):
  * rmsnorm d = x / sqrt(mean(x^2) + eps) * w (w may be NULL); swiglu d = silu(g) * u;

@@ -451,11 +451,11 @@ T2 INL void pv_tile2(float *out, int64_t ldo, const float *p, int64_t ldp, const
 
 #define PV_ROWS_SWITCH_M(NR_VAR, NC, MASK)                                                      \
     switch (NR_VAR) {                                                                           \
-    case 1: pv_tile2(o, ldo, pr, ldp, 1, vb, v_nb, kn, i0, NC, MASK, kb == 0); break;                   \
-    case 2: pv_tile2(o, ldo, pr, ldp, 2, vb, v_nb, kn, i0, NC, MASK, kb == 0); break;                   \
-    case 3: pv_tile2(o, ldo, pr, ldp, 3, vb, v_nb, kn, i0, NC, MASK, kb == 0); break;                   \
-    case 4: pv_tile2(o, ldo, pr, ldp, 4, vb, v_nb, kn, i0, NC, MASK, kb == 0); break;                   \
-    default: pv_tile2(o, ldo, pr, ldp, 5, vb, v_nb, kn, i0, NC, MASK, kb == 0); break;                  \
+    case 1: pv_tile2(o, ldo, pr, ldp, 1, vb, v_nb, kn, i0, NC, MASK, kb == 0 && !acc); break;                   \
+    case 2: pv_tile2(o, ldo, pr, ldp, 2, vb, v_nb, kn, i0, NC, MASK, kb == 0 && !acc); break;                   \
+    case 3: pv_tile2(o, ldo, pr, ldp, 3, vb, v_nb, kn, i0, NC, MASK, kb == 0 && !acc); break;                   \
+    case 4: pv_tile2(o, ldo, pr, ldp, 4, vb, v_nb, kn, i0, NC, MASK, kb == 0 && !acc); break;                   \
+    default: pv_tile2(o, ldo, pr, ldp, 5, vb, v_nb, kn, i0, NC, MASK, kb == 0 && !acc); break;                  \
     }
 #define PV_ROWS_SWITCH(NR_VAR, NC)                                                              \
     if (finite) {                                                                               \
@@ -499,7 +499,7 @@ T2 static bool f16_rows_finite_avx2(const void *v, size_t nb, int64_t n_rows, in
  * tiles without the per-key zero test; below, the check costs more than the test it saves (decode,
  * 2 rows x 1030 cells, Zen 3: 0.30 ms with it, 0.27 without). */
 T2 static int64_t attn_pv_f16_avx2(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
-                                   size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin) {
+                                   size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin, bool acc) {
     bool all_finite = nq >= 4;
     for (int64_t kb = 0; kb < n_kv; kb += PV_KEYS) {
         const int64_t kn = n_kv - kb < PV_KEYS ? n_kv - kb : PV_KEYS;
@@ -520,7 +520,7 @@ T2 static int64_t attn_pv_f16_avx2(float *out, int64_t ldo, const float *p, int6
             }
             for (; i0 < hd; i0++) {
                 for (int r = 0; r < nr; r++) {
-                    float a = kb == 0 ? 0.0f : o[r * ldo + i0];
+                    float a = kb == 0 && !acc ? 0.0f : o[r * ldo + i0];
                     for (int64_t j = 0; j < kn; j++) {
                         const float pj = pr[r * ldp + j];
                         if (pj == 0.0f) continue;

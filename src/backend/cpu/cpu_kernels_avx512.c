@@ -580,12 +580,13 @@ T512 static void attn_probs_row_512(float *s, int64_t n, int64_t n_vis, float sc
  * 0 * v = +-0, which leaves the sum as skipping it would: x + (+-0) = x for x != 0 and
  * +0 + (+-0) = +0 (the sum starts at +0; only a sum that underflowed to -0 would turn +0, a value
  * equal to it). CHECK: also tests every value loaded for inf / NaN (an f16 whose exponent bits are
- * all set) and returns true when one was found (the sums are then unusable without MASK).
+ * all set) and returns true when one was found (the sums are then unusable without MASK, and
+ * are not stored). acc: the sums start from out (the earlier keys' sums, cpu_attn_pv_fn).
  * The value rows are prefetched 16 keys ahead: they lie n_head_kv * head_dim * 2 bytes apart (one
  * row of the cache per key), a stride the hardware prefetchers follow poorly across pages (16 rows
  * x 4097 cells: 4.7 -> 2.7 ms on Zen 5). */
 T512 INL bool pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, const int NR, const void *v, size_t v_nb,
-                      int64_t n_kv, int64_t i0, int64_t hd, const int NC, const bool MASK, const bool CHECK) {
+                      int64_t n_kv, int64_t i0, int64_t hd, const int NC, const bool MASK, const bool CHECK, bool acc) {
     __mmask16 m[8];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) {
@@ -596,11 +597,12 @@ T512 INL bool pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, cons
     const int n_lines = (int)((2 * left + 63) / 64); /* cache lines of a row's chunk */
     const __m256i em = _mm256_set1_epi16(0x7c00);
     __mmask16 bad = 0;
-    __m512 acc[6][8];
+    __m512 sum[6][8];
 #pragma GCC unroll 6
     for (int r = 0; r < NR; r++) {
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_ps();
+        for (int c = 0; c < NC; c++)
+            sum[r][c] = acc ? _mm512_maskz_loadu_ps(m[c], out + r * ldo + i0 + 16 * c) : _mm512_setzero_ps();
     }
     for (int64_t j = 0; j < n_kv; j++) {
         const uint16_t *vr = (const uint16_t *)((const char *)v + (size_t)j * v_nb) + i0;
@@ -623,35 +625,38 @@ T512 INL bool pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, cons
                 /* a masked key (p = 0) adds nothing, even where its value is inf */
                 const __mmask16 nz = pr != 0.0f ? (__mmask16)0xffff : (__mmask16)0;
 #pragma GCC unroll 8
-                for (int c = 0; c < NC; c++) acc[r][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[r][c], nz);
+                for (int c = 0; c < NC; c++) sum[r][c] = _mm512_mask3_fmadd_ps(pb, vv[c], sum[r][c], nz);
             } else {
 #pragma GCC unroll 8
-                for (int c = 0; c < NC; c++) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
+                for (int c = 0; c < NC; c++) sum[r][c] = _mm512_fmadd_ps(pb, vv[c], sum[r][c]);
             }
         }
     }
+    /* a tile that found an inf or NaN stores nothing: its sums are unusable, and the redo starts
+     * from out (0, or the earlier keys' sums with acc) */
+    if (CHECK && bad != 0) return true;
 #pragma GCC unroll 6
     for (int r = 0; r < NR; r++) {
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; c++) _mm512_mask_storeu_ps(out + r * ldo + i0 + 16 * c, m[c], acc[r][c]);
+        for (int c = 0; c < NC; c++) _mm512_mask_storeu_ps(out + r * ldo + i0 + 16 * c, m[c], sum[r][c]);
     }
-    return bad != 0;
+    return false;
 }
 
 /* One tile of nr (1..6) rows; chunks of 128 values (NC 8) for up to 2 rows. */
 T512 INL bool pv_tile_nr(float *o, int64_t ldo, const float *pr, int64_t ldp, int nr, const void *v, size_t v_nb,
-                         int64_t n_kv, int64_t i0, int64_t hd, const bool wide, const bool MASK, const bool CHECK) {
+                         int64_t n_kv, int64_t i0, int64_t hd, const bool wide, const bool MASK, const bool CHECK, bool acc) {
     if (wide) {
-        return nr == 1 ? pv_tile(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, hd, 8, MASK, CHECK)
-                       : pv_tile(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, hd, 8, MASK, CHECK);
+        return nr == 1 ? pv_tile(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, hd, 8, MASK, CHECK, acc)
+                       : pv_tile(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, hd, 8, MASK, CHECK, acc);
     }
     switch (nr) {
-    case 1: return pv_tile(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
-    case 2: return pv_tile(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
-    case 3: return pv_tile(o, ldo, pr, ldp, 3, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
-    case 4: return pv_tile(o, ldo, pr, ldp, 4, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
-    case 5: return pv_tile(o, ldo, pr, ldp, 5, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
-    default: return pv_tile(o, ldo, pr, ldp, 6, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK);
+    case 1: return pv_tile(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK, acc);
+    case 2: return pv_tile(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK, acc);
+    case 3: return pv_tile(o, ldo, pr, ldp, 3, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK, acc);
+    case 4: return pv_tile(o, ldo, pr, ldp, 4, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK, acc);
+    case 5: return pv_tile(o, ldo, pr, ldp, 5, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK, acc);
+    default: return pv_tile(o, ldo, pr, ldp, 6, v, v_nb, n_kv, i0, hd, 4, MASK, CHECK, acc);
     }
 }
 
@@ -663,7 +668,7 @@ T512 INL bool pv_tile_nr(float *o, int64_t ldo, const float *pr, int64_t ldp, in
  * that tile with it. Either way the sums are the same bits (pv_tile). Up to 2 query rows (a
  * decode step's query heads of one kv head) take the whole 128 values of a row per pass. */
 T512 static int64_t attn_pv_f16_512(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t nq, const void *v,
-                                    size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin) {
+                                    size_t v_nb, int64_t n_kv, int64_t hd, int64_t n_fin, bool acc) {
     if (nq <= 0) return n_fin; /* nothing read, nothing checked */
     const bool known = n_fin >= n_kv, wide = nq <= 2 && hd > 64;
     const int64_t step = wide ? 128 : 64;
@@ -676,12 +681,12 @@ T512 static int64_t attn_pv_f16_512(float *out, int64_t ldo, const float *p, int
             const float *pr = p + r0 * ldp;
             if (!checked) { /* the chunk's first tile checks as it goes; found finite, it is done */
                 checked = true;
-                if (!pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, false, true)) continue;
+                if (!pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, false, true, acc)) continue;
                 mask = true; /* an inf or NaN: this tile again, and the rest, with the zero test */
                 all_fin = false;
             }
-            if (mask) pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, true, false);
-            else pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, false, false);
+            if (mask) pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, true, false, acc);
+            else pv_tile_nr(o, ldo, pr, ldp, nr, v, v_nb, n_kv, i0, hd, wide, false, false, acc);
         }
     }
     return known || all_fin ? n_kv : n_fin;

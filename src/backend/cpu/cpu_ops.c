@@ -318,18 +318,67 @@ typedef struct attn16_job {
     size_t per_thread;
 } attn16_job;
 
+/* keys [0, kv_end) hold every key query positions iq0 .. iq0 + nqi - 1 see (see the comment above) */
+static int64_t attn16_kv_end(const backend_op *op, int64_t iq0, int64_t nqi) {
+    const tensor *mask = &op->src[3];
+    const int64_t nq = op->src[0].ne[2], n_kv = op->src[1].ne[2];
+    const int32_t kind = op->i[0];
+    int64_t last = 0;
+    for (int64_t iq = iq0; iq < iq0 + nqi; iq++) {
+        if (kind != BACKEND_ATTN_MASK) { /* structured: a row sees a prefix of the cells */
+            const int64_t n_vis = backend_attn_n_visible(kind, iq, nq, n_kv);
+            if (n_vis > last) last = n_vis;
+            continue;
+        }
+        const float *mrow = (const float *)((const char *)mask->data + (size_t)iq * mask->nb[1]);
+        int64_t j = n_kv;
+        while (j > last && mrow[j - 1] == -INFINITY) j--;
+        last = j;
+    }
+    int64_t kv_end = (last + 15) & ~(int64_t)15;
+    if (kv_end < 16) kv_end = 16;
+    if (kv_end > n_kv) kv_end = n_kv;
+    return kv_end;
+}
+
+/* Score row sr [kv_end] of query position iq -> its probabilities rounded to f16, in place. */
+static void attn16_probs(const attn16_job *job, float *sr, int64_t iq, int64_t kv_end) {
+    const backend_op *op = job->op;
+    const tensor *q = &op->src[0], *mask = &op->src[3];
+    const int64_t nq = q->ne[2], n_kv = op->src[1].ne[2];
+    const float scale = op->f[0] != 0.0f ? op->f[0] : 1.0f / sqrtf((float)q->ne[0]);
+    const int32_t kind = op->i[0];
+    if (kind == BACKEND_ATTN_MASK) {
+        const float *mrow = (const float *)((const char *)mask->data + (size_t)iq * mask->nb[1]);
+        for (int64_t j = 0; j < kv_end; j++) sr[j] = mrow[j] == -INFINITY ? -INFINITY : sr[j] * scale + mrow[j];
+    } else {
+        /* the mask tensor's arithmetic (+ 0.0f) on the visible cells, -inf on the rest */
+        const int64_t n_vis = backend_attn_n_visible(kind, iq, nq, n_kv);
+        const int64_t jv = n_vis < kv_end ? n_vis : kv_end;
+        if (job->k->attn_probs_row != NULL) { /* the steps below in one kernel */
+            job->k->attn_probs_row(sr, kv_end, jv, scale);
+            return;
+        }
+        for (int64_t j = 0; j < jv; j++) sr[j] = sr[j] * scale + 0.0f;
+        for (int64_t j = jv; j < kv_end; j++) sr[j] = -INFINITY;
+    }
+    job->k->softmax_row(sr, sr, kv_end);
+    /* the probabilities rounded to f16 in place (the activation rounding of f16 weights) */
+    cpu_act pact;
+    cpu_act_layout(&pact, CPU_DOT_F32, kv_end, 1, sr);
+    job->k->act_row[QUANT_TYPE_F16](&pact, 0, sr);
+}
+
 static void attn16_fn(void *ctx, int ith, int nth) {
     const attn16_job *job = ctx;
     const backend_op *op = job->op;
-    const tensor *q = &op->src[0], *k = &op->src[1], *v = &op->src[2], *mask = &op->src[3], *d = &op->dst;
+    const tensor *q = &op->src[0], *k = &op->src[1], *v = &op->src[2], *d = &op->dst;
     const int64_t hd = q->ne[0], nh = q->ne[1], nq = q->ne[2];
-    const int64_t nh_kv = k->ne[1], n_kv = k->ne[2], hd_v = v->ne[0];
+    const int64_t nh_kv = k->ne[1], hd_v = v->ne[0];
     const int64_t group = nh / nh_kv, ldk = job->ldk;
-    const float scale = op->f[0] != 0.0f ? op->f[0] : 1.0f / sqrtf((float)hd);
     float *qb = job->scratch + job->per_thread * (size_t)ith;
     float *sb = qb + job->rows * hd;
     float *ob = sb + job->rows * ldk;
-    const int32_t kind = op->i[0];
     cpu_act act;
     cpu_act_layout(&act, CPU_DOT_F32, hd, job->rows, qb);
 
@@ -340,22 +389,7 @@ static void attn16_fn(void *ctx, int ith, int nth) {
     for (int64_t it = ith; it < n_items; it += nth) {
         const int64_t hk = it / n_qt, iq0 = (it % n_qt) * job->tq;
         const int64_t nqi = nq - iq0 < job->tq ? nq - iq0 : job->tq, rows = nqi * group;
-        /* keys [0, kv_end) hold every key these query positions see (see the comment above) */
-        int64_t last = 0;
-        for (int64_t iq = iq0; iq < iq0 + nqi; iq++) {
-            if (kind != BACKEND_ATTN_MASK) { /* structured: a row sees a prefix of the cells */
-                const int64_t n_vis = backend_attn_n_visible(kind, iq, nq, n_kv);
-                if (n_vis > last) last = n_vis;
-                continue;
-            }
-            const float *mrow = (const float *)((const char *)mask->data + (size_t)iq * mask->nb[1]);
-            int64_t j = n_kv;
-            while (j > last && mrow[j - 1] == -INFINITY) j--;
-            last = j;
-        }
-        int64_t kv_end = (last + 15) & ~(int64_t)15;
-        if (kv_end < 16) kv_end = 16;
-        if (kv_end > n_kv) kv_end = n_kv;
+        const int64_t kv_end = attn16_kv_end(op, iq0, nqi);
         /* row r: query position iq0 + r / group, head hk * group + r % group */
         for (int64_t r = 0; r < rows; r++) {
             const int64_t iq = iq0 + r / group, h = hk * group + r % group;
@@ -364,32 +398,10 @@ static void attn16_fn(void *ctx, int ith, int nth) {
         }
         const char *kbase = (const char *)k->data + (size_t)hk * k->nb[1];
         job->k->matmul[QUANT_TYPE_F16](kbase, k->nb[2], &act, 0, rows, sb, ldk, 0, kv_end);
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t iq = iq0 + r / group;
-            float *sr = sb + r * ldk;
-            if (kind == BACKEND_ATTN_MASK) {
-                const float *mrow = (const float *)((const char *)mask->data + (size_t)iq * mask->nb[1]);
-                for (int64_t j = 0; j < kv_end; j++) sr[j] = mrow[j] == -INFINITY ? -INFINITY : sr[j] * scale + mrow[j];
-            } else {
-                /* the mask tensor's arithmetic (+ 0.0f) on the visible cells, -inf on the rest */
-                const int64_t n_vis = backend_attn_n_visible(kind, iq, nq, n_kv);
-                const int64_t jv = n_vis < kv_end ? n_vis : kv_end;
-                if (job->k->attn_probs_row != NULL) { /* the steps below in one kernel */
-                    job->k->attn_probs_row(sr, kv_end, jv, scale);
-                    continue;
-                }
-                for (int64_t j = 0; j < jv; j++) sr[j] = sr[j] * scale + 0.0f;
-                for (int64_t j = jv; j < kv_end; j++) sr[j] = -INFINITY;
-            }
-            job->k->softmax_row(sr, sr, kv_end);
-            /* the probabilities rounded to f16 in place (the activation rounding of f16 weights) */
-            cpu_act pact;
-            cpu_act_layout(&pact, CPU_DOT_F32, kv_end, 1, sr);
-            job->k->act_row[QUANT_TYPE_F16](&pact, 0, sr);
-        }
+        for (int64_t r = 0; r < rows; r++) attn16_probs(job, sb + r * ldk, iq0 + r / group, kv_end);
         const char *vbase = (const char *)v->data + (size_t)hk * v->nb[1];
         const int64_t n_fin = hk != fin_hk ? 0 : fin_n < kv_end ? fin_n : kv_end;
-        const int64_t got = job->k->attn_pv_f16(ob, hd_v, sb, ldk, rows, vbase, v->nb[2], kv_end, hd_v, n_fin);
+        const int64_t got = job->k->attn_pv_f16(ob, hd_v, sb, ldk, rows, vbase, v->nb[2], kv_end, hd_v, n_fin, false);
         if (hk != fin_hk || got > fin_n) {
             fin_hk = hk;
             fin_n = got;
@@ -399,6 +411,62 @@ static void attn16_fn(void *ctx, int ith, int nth) {
             memcpy((char *)d->data + (size_t)h * d->nb[1] + (size_t)iq * d->nb[2], ob + r * hd_v,
                    (size_t)hd_v * sizeof(float));
         }
+    }
+}
+
+/* Cells per block of attn16_decode_fn. */
+#ifndef ATTN_DECODE_CELLS
+#define ATTN_DECODE_CELLS 64
+#endif
+
+/* A decode step (one query position) of the f16 attention: thread ith takes a contiguous share of
+ * the kv heads, [h0, h1), and reads their key rows, then their value rows, together, block by
+ * block of ATTN_DECODE_CELLS cells. The kv heads of a cell lie side by side in the cache (one row
+ * of n_head_kv * head_dim * 2 bytes per cell), so a thread reads a run of (h1 - h0) * 256 bytes of
+ * each row (the 0.6B shape, 2 threads: 1 KiB of 2 KiB) instead of 256 bytes for one head at a
+ * time, spread over the whole cache. The operations per (query row, key) are attn16_fn's: the
+ * scores are the matmul's outputs over key ranges (which do not depend on the range), the
+ * probabilities the same row kernels, and the P V sums go on from block to block in key order
+ * (attn_pv_f16's acc), so a decode row's output is the batch's, bit for bit. */
+static void attn16_decode_fn(void *ctx, int ith, int nth) {
+    const attn16_job *job = ctx;
+    const backend_op *op = job->op;
+    const tensor *q = &op->src[0], *k = &op->src[1], *v = &op->src[2], *d = &op->dst;
+    const int64_t hd = q->ne[0], nh = q->ne[1];
+    const int64_t nh_kv = k->ne[1], hd_v = v->ne[0];
+    const int64_t group = nh / nh_kv, ldk = job->ldk;
+    const int64_t h0 = nh_kv * ith / nth, h1 = nh_kv * (ith + 1) / nth, rows = (h1 - h0) * group;
+    if (rows <= 0) return;
+    float *qb = job->scratch + job->per_thread * (size_t)ith;
+    float *sb = qb + job->rows * hd;   /* [rows, ldk]: row (h - h0) * group + g is query head h * group + g */
+    float *ob = sb + job->rows * ldk;  /* [rows, hd_v] */
+    cpu_act act;
+    cpu_act_layout(&act, CPU_DOT_F32, hd, job->rows, qb);
+    const int64_t kv_end = attn16_kv_end(op, 0, 1);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t h = h0 * group + r;
+        job->k->act_row[QUANT_TYPE_F16](&act, r, (const float *)((const char *)q->data + (size_t)h * q->nb[1]));
+    }
+    for (int64_t c0 = 0; c0 < kv_end; c0 += ATTN_DECODE_CELLS) {
+        const int64_t c1 = c0 + ATTN_DECODE_CELLS < kv_end ? c0 + ATTN_DECODE_CELLS : kv_end;
+        for (int64_t hk = h0; hk < h1; hk++) {
+            const char *kbase = (const char *)k->data + (size_t)hk * k->nb[1];
+            job->k->matmul[QUANT_TYPE_F16](kbase, k->nb[2], &act, (hk - h0) * group, group, sb, ldk, c0, c1);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) attn16_probs(job, sb + r * ldk, 0, kv_end);
+    for (int64_t c0 = 0; c0 < kv_end; c0 += ATTN_DECODE_CELLS) {
+        const int64_t c1 = c0 + ATTN_DECODE_CELLS < kv_end ? c0 + ATTN_DECODE_CELLS : kv_end;
+        for (int64_t hk = h0; hk < h1; hk++) {
+            const int64_t r0 = (hk - h0) * group;
+            const char *vblk = (const char *)v->data + (size_t)hk * v->nb[1] + (size_t)c0 * v->nb[2];
+            job->k->attn_pv_f16(ob + r0 * hd_v, hd_v, sb + r0 * ldk + c0, ldk, group, vblk, v->nb[2], c1 - c0, hd_v, 0,
+                                c0 > 0);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t h = h0 * group + r;
+        memcpy((char *)d->data + (size_t)h * d->nb[1], ob + r * hd_v, (size_t)hd_v * sizeof(float));
     }
 }
 
@@ -420,9 +488,12 @@ static void exec_attention(cpu_backend *be, const backend_op *op) {
         job.ldk = (k->ne[2] + 15) & ~(int64_t)15;
         const int64_t n_items = k->ne[1] * ((q->ne[2] + job.tq - 1) / job.tq);
         if (nth > n_items) nth = (int)n_items;
+        /* a decode step: each thread's share of the kv heads at once (attn16_decode_fn) */
+        const bool decode = q->ne[2] == 1;
+        if (decode) job.rows = group * ((k->ne[1] + nth - 1) / nth);
         job.per_thread = (size_t)(job.rows * (((q->ne[0] + 15) & ~(int64_t)15) + job.ldk + ((v->ne[0] + 15) & ~(int64_t)15)));
         job.scratch = cpu_scratch(be, job.per_thread * (size_t)nth * sizeof(float));
-        cpu_pool_run(be->pool, nth, attn16_fn, &job);
+        cpu_pool_run(be->pool, nth, decode ? attn16_decode_fn : attn16_fn, &job);
         return;
     }
     const int64_t n_items = q->ne[1] * q->ne[2];

@@ -361,20 +361,24 @@ TEST(backend_attention_row_invariance) {
     }
 }
 
-/* A decode step reads its kv heads' cache rows together, block by block of cells, its P V sums
- * going on from block to block (cpu_ops.c attn16_decode_fn): its output is the batch path's for
- * the same query row, bit for bit, with 8 kv heads over 1-8 threads (shares of 1-8 heads, uneven
- * with 3), cells across several blocks and a partial one, and masked cells whose keys and values
- * are inf or NaN (a whole block of them, and scattered ones), which must add nothing. */
+/* A decode step or a short verify (one item per kv head) reads its kv heads' cache rows together,
+ * block by block of cells, its P V sums going on from block to block (cpu_ops.c attn16_heads_fn):
+ * each row's output is the batch path's (attn16_fn, items of 2 positions here), bit for bit, with
+ * 8 kv heads over 1-8 threads (shares of 1-8 heads, uneven with 3), cells across several blocks
+ * and a partial one, and masked cells whose keys and values are inf or NaN (a whole block of
+ * them, and scattered ones), which must add nothing. */
 TEST(backend_attention_decode_blocks) {
     rng r = {33};
-    enum { HD = 128, NH = 16, NH_KV = 8, NQ = 3, NKV = 300, ROW = 1 };
+    enum { HD = 128, NH = 16, NH_KV = 8, NQ = 5, NKV = 300 };
     static uint16_t kc[HD * NH_KV * NKV], vc[HD * NH_KV * NKV];
-    static float q[HD * NH * NQ], mask[NKV * NQ], out[HD * NH * NQ], one[HD * NH];
+    static float q[HD * NH * NQ], mask[NKV * NQ], out[HD * NH * NQ], part[HD * NH * 2];
     fill_f32(&r, q, HD * NH * NQ, 4.0f);
     for (int j = 0; j < NKV; j++) {
         const bool hidden = (j >= 128 && j < 192) || j % 5 == 3 || j >= 290; /* for every row */
-        for (int iq = 0; iq < NQ; iq++) mask[iq * NKV + j] = hidden ? -INFINITY : (j % 7 == 0 ? -0.5f : 0.0f);
+        for (int iq = 0; iq < NQ; iq++) {
+            const bool later = j >= 270 + 3 * iq; /* causal-like: later rows see more */
+            mask[iq * NKV + j] = hidden || later ? -INFINITY : (j % 7 == 0 ? -0.5f : 0.0f);
+        }
         for (int i = 0; i < HD * NH_KV; i++) {
             kc[j * HD * NH_KV + i] = fp32_to_fp16(rng_f(&r) * 2.0f);
             vc[j * HD * NH_KV + i] = fp32_to_fp16(rng_f(&r));
@@ -384,12 +388,15 @@ TEST(backend_attention_decode_blocks) {
             }
         }
     }
+    /* the parts: one position (a decode step), and two (a short verify) */
+    static const int p0s[] = {1, 3}, pns[] = {1, 2};
     for (int level = 0; level < TEST_LEVELS; level++) {
         if (!level_available(level)) continue;
         static const int nts[] = {1, 2, 3, 8};
         for (int ti = 0; ti < 4; ti++) {
             backend *be = make_backend(nts[ti], level, false);
             REQUIRE(be);
+            ((cpu_backend *)be)->kernels.attn_rows = 4; /* 2 positions x group 2 per item */
             backend_op op;
             memset(&op, 0, sizeof(op));
             op.kind = BACKEND_OP_ATTENTION;
@@ -399,18 +406,21 @@ TEST(backend_attention_decode_blocks) {
             op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, NKV, NQ);
             op.dst = tensor_3d(QUANT_TYPE_F32, out, HD, NH, NQ);
             run_op(be, &op);
-            op.src[0] = tensor_3d(QUANT_TYPE_F32, q + ROW * HD * NH, HD, NH, 1);
-            op.src[3] = tensor_2d(QUANT_TYPE_F32, mask + ROW * NKV, NKV, 1);
-            op.dst = tensor_3d(QUANT_TYPE_F32, one, HD, NH, 1);
-            memset(one, 0xff, sizeof(one));
-            run_op(be, &op);
-            CHECK_MSG(memcmp(one, out + ROW * HD * NH, sizeof(one)) == 0,
-                      "attention %s, %d threads: the decode row differs from the batch's", k_level_names[level],
-                      nts[ti]);
-            bool finite = true;
-            for (int i = 0; i < HD * NH; i++) finite = finite && isfinite(one[i]);
-            CHECK_MSG(finite, "attention %s, %d threads: masked inf / NaN cells reached the decode output",
-                      k_level_names[level], nts[ti]);
+            for (int pi = 0; pi < 2; pi++) {
+                const int p0 = p0s[pi], pn = pns[pi];
+                op.src[0] = tensor_3d(QUANT_TYPE_F32, q + p0 * HD * NH, HD, NH, pn);
+                op.src[3] = tensor_2d(QUANT_TYPE_F32, mask + p0 * NKV, NKV, pn);
+                op.dst = tensor_3d(QUANT_TYPE_F32, part, HD, NH, pn);
+                memset(part, 0xff, sizeof(part));
+                run_op(be, &op);
+                CHECK_MSG(memcmp(part, out + p0 * HD * NH, (size_t)(pn * HD * NH) * sizeof(float)) == 0,
+                          "attention %s, %d threads: positions %d..%d alone differ from the batch",
+                          k_level_names[level], nts[ti], p0, p0 + pn - 1);
+                bool finite = true;
+                for (int i = 0; i < pn * HD * NH; i++) finite = finite && isfinite(part[i]);
+                CHECK_MSG(finite, "attention %s, %d threads: masked inf / NaN cells reached positions %d..%d",
+                          k_level_names[level], nts[ti], p0, p0 + pn - 1);
+            }
             backend_free(be);
         }
     }

@@ -308,7 +308,8 @@ static void attn_fn(void *ctx, int ith, int nth) {
  * pp512 in alternated rounds: 668 / 680 -> 641 / 654 ms in one window, medians of 5 rounds
  * 614 -> 604 in a later one (within its noise). Converting an item's K / V rows to f32 first (no
  * conversion in the inner loops, same bits) was slower: 706 / 692. A decode step (one query
- * position) takes attn16_decode_fn instead: its items would each be one head. */
+ * position, or a verify of group * nq <= attn_rows rows) takes attn16_heads_fn instead: its items
+ * would each be one whole kv head. */
 /* Query rows per item: cpu_kernels.attn_rows (cpu_kernels_select; -DATTN_ROWS= forces one). */
 
 typedef struct attn16_job {
@@ -415,62 +416,67 @@ static void attn16_fn(void *ctx, int ith, int nth) {
     }
 }
 
-/* Cells per block of attn16_decode_fn. */
+/* Cells per block of attn16_heads_fn. */
 #ifndef ATTN_DECODE_CELLS
 #define ATTN_DECODE_CELLS 64
 #endif
 
-/* A decode step (one query position) of the f16 attention: thread ith takes a contiguous share of
- * the kv heads, [h0, h1), and reads their key rows, then their value rows, together, block by
- * block of ATTN_DECODE_CELLS cells. The kv heads of a cell lie side by side in the cache (one row
- * of n_head_kv * head_dim * 2 bytes per cell), so a thread reads a run of (h1 - h0) * 256 bytes of
+/* Few query positions (a decode step, or a short verify: group * nq <= attn_rows, one item per kv
+ * head in attn16_fn) of the f16 attention: thread ith takes a contiguous share of the kv heads,
+ * [h0, h1), and reads their key rows, then their value rows, together, block by block of
+ * ATTN_DECODE_CELLS cells. The kv heads of a cell lie side by side in the cache (one row of
+ * n_head_kv * head_dim * 2 bytes per cell), so a thread reads a run of (h1 - h0) * 256 bytes of
  * each row (the 0.6B shape, 2 threads: 1 KiB of 2 KiB) instead of 256 bytes for one head at a
  * time, spread over the whole cache. The operations per (query row, key) are attn16_fn's: the
  * scores are the matmul's outputs over key ranges (which do not depend on the range), the
  * probabilities the same row kernels, and the P V sums go on from block to block in key order
- * (attn_pv_f16's acc), so a decode row's output is the batch's, bit for bit. Zen 4 VM, 2 threads,
+ * (attn_pv_f16's acc), so a row's output is the batch's, bit for bit. Zen 4 VM, 2 threads,
  * bench_ops attn 2 1 16385 (16 / 8 heads, dim 128), 3 alternated rounds: 4.3-6.7 -> 2.5-3.8 ms
  * (cells per block 32 / 64 / 128 / 256: 2.50-3.22 / 2.53-2.93 / 2.66-3.42 / 2.71-3.43); the
  * Q4_K_M 0.6B decode step after 4096 cells 49.4-50.9 -> 36.4-38.6 ms. */
-static void attn16_decode_fn(void *ctx, int ith, int nth) {
+static void attn16_heads_fn(void *ctx, int ith, int nth) {
     const attn16_job *job = ctx;
     const backend_op *op = job->op;
     const tensor *q = &op->src[0], *k = &op->src[1], *v = &op->src[2], *d = &op->dst;
-    const int64_t hd = q->ne[0], nh = q->ne[1];
+    const int64_t hd = q->ne[0], nh = q->ne[1], nq = q->ne[2];
     const int64_t nh_kv = k->ne[1], hd_v = v->ne[0];
-    const int64_t group = nh / nh_kv, ldk = job->ldk;
-    const int64_t h0 = nh_kv * ith / nth, h1 = nh_kv * (ith + 1) / nth, rows = (h1 - h0) * group;
+    const int64_t group = nh / nh_kv, ldk = job->ldk, hrows = nq * group; /* rows per kv head */
+    const int64_t h0 = nh_kv * ith / nth, h1 = nh_kv * (ith + 1) / nth, rows = (h1 - h0) * hrows;
     if (rows <= 0) return;
+    /* row r: kv head h0 + r / hrows, query position (r % hrows) / group, head (h0 + r / hrows) *
+     * group + r % group (within a kv head, attn16_fn's order) */
     float *qb = job->scratch + job->per_thread * (size_t)ith;
-    float *sb = qb + job->rows * hd;   /* [rows, ldk]: row (h - h0) * group + g is query head h * group + g */
-    float *ob = sb + job->rows * ldk;  /* [rows, hd_v] */
+    float *sb = qb + job->rows * hd;   /* scores [rows, ldk] */
+    float *ob = sb + job->rows * ldk;  /* outputs [rows, hd_v] */
     cpu_act act;
     cpu_act_layout(&act, CPU_DOT_F32, hd, job->rows, qb);
-    const int64_t kv_end = attn16_kv_end(op, 0, 1);
+    const int64_t kv_end = attn16_kv_end(op, 0, nq);
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t h = h0 * group + r;
-        job->k->act_row[QUANT_TYPE_F16](&act, r, (const float *)((const char *)q->data + (size_t)h * q->nb[1]));
+        const int64_t iq = r % hrows / group, h = (h0 + r / hrows) * group + r % group;
+        job->k->act_row[QUANT_TYPE_F16](&act, r, (const float *)((const char *)q->data + (size_t)h * q->nb[1] +
+                                                                  (size_t)iq * q->nb[2]));
     }
     for (int64_t c0 = 0; c0 < kv_end; c0 += ATTN_DECODE_CELLS) {
         const int64_t c1 = c0 + ATTN_DECODE_CELLS < kv_end ? c0 + ATTN_DECODE_CELLS : kv_end;
         for (int64_t hk = h0; hk < h1; hk++) {
             const char *kbase = (const char *)k->data + (size_t)hk * k->nb[1];
-            job->k->matmul[QUANT_TYPE_F16](kbase, k->nb[2], &act, (hk - h0) * group, group, sb, ldk, c0, c1);
+            job->k->matmul[QUANT_TYPE_F16](kbase, k->nb[2], &act, (hk - h0) * hrows, hrows, sb, ldk, c0, c1);
         }
     }
-    for (int64_t r = 0; r < rows; r++) attn16_probs(job, sb + r * ldk, 0, kv_end);
+    for (int64_t r = 0; r < rows; r++) attn16_probs(job, sb + r * ldk, r % hrows / group, kv_end);
     for (int64_t c0 = 0; c0 < kv_end; c0 += ATTN_DECODE_CELLS) {
         const int64_t c1 = c0 + ATTN_DECODE_CELLS < kv_end ? c0 + ATTN_DECODE_CELLS : kv_end;
         for (int64_t hk = h0; hk < h1; hk++) {
-            const int64_t r0 = (hk - h0) * group;
+            const int64_t r0 = (hk - h0) * hrows;
             const char *vblk = (const char *)v->data + (size_t)hk * v->nb[1] + (size_t)c0 * v->nb[2];
-            job->k->attn_pv_f16(ob + r0 * hd_v, hd_v, sb + r0 * ldk + c0, ldk, group, vblk, v->nb[2], c1 - c0, hd_v, 0,
+            job->k->attn_pv_f16(ob + r0 * hd_v, hd_v, sb + r0 * ldk + c0, ldk, hrows, vblk, v->nb[2], c1 - c0, hd_v, 0,
                                 c0 > 0);
         }
     }
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t h = h0 * group + r;
-        memcpy((char *)d->data + (size_t)h * d->nb[1], ob + r * hd_v, (size_t)hd_v * sizeof(float));
+        const int64_t iq = r % hrows / group, h = (h0 + r / hrows) * group + r % group;
+        memcpy((char *)d->data + (size_t)h * d->nb[1] + (size_t)iq * d->nb[2], ob + r * hd_v,
+               (size_t)hd_v * sizeof(float));
     }
 }
 
@@ -492,12 +498,13 @@ static void exec_attention(cpu_backend *be, const backend_op *op) {
         job.ldk = (k->ne[2] + 15) & ~(int64_t)15;
         const int64_t n_items = k->ne[1] * ((q->ne[2] + job.tq - 1) / job.tq);
         if (nth > n_items) nth = (int)n_items;
-        /* a decode step: each thread's share of the kv heads at once (attn16_decode_fn) */
-        const bool decode = q->ne[2] == 1;
-        if (decode) job.rows = group * ((k->ne[1] + nth - 1) / nth);
+        /* one item per kv head (a decode step, a short verify): each thread's share of the kv
+         * heads at once (attn16_heads_fn) */
+        const bool heads = job.tq >= q->ne[2];
+        if (heads) job.rows = job.tq * group * ((k->ne[1] + nth - 1) / nth);
         job.per_thread = (size_t)(job.rows * (((q->ne[0] + 15) & ~(int64_t)15) + job.ldk + ((v->ne[0] + 15) & ~(int64_t)15)));
         job.scratch = cpu_scratch(be, job.per_thread * (size_t)nth * sizeof(float));
-        cpu_pool_run(be->pool, nth, decode ? attn16_decode_fn : attn16_fn, &job);
+        cpu_pool_run(be->pool, nth, heads ? attn16_heads_fn : attn16_fn, &job);
         return;
     }
     const int64_t n_items = q->ne[1] * q->ne[2];

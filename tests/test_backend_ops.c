@@ -207,6 +207,21 @@ TEST(backend_op_rope_neox) {
     tv_arena_free(&a);
 }
 
+/* An attention op over a cache of ktype keys and vtype values [hd, nh_kv, nkv] with a mask tensor
+ * [nkv, nq]. */
+static backend_op attn_op(float *q, uint32_t ktype, void *kc, uint32_t vtype, void *vc, float *mask, float *out,
+                          int64_t hd, int64_t nh, int64_t nh_kv, int64_t nq, int64_t nkv) {
+    backend_op op;
+    memset(&op, 0, sizeof(op));
+    op.kind = BACKEND_OP_ATTENTION;
+    op.src[0] = tensor_3d(QUANT_TYPE_F32, q, hd, nh, nq);
+    op.src[1] = tensor_3d(ktype, kc, hd, nh_kv, nkv);
+    op.src[2] = tensor_3d(vtype, vc, hd, nh_kv, nkv);
+    op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, nkv, nq);
+    op.dst = tensor_3d(QUANT_TYPE_F32, out, hd, nh, nq);
+    return op;
+}
+
 /* Attention: builds q, a KV cache view (capacity > n_kv, so strided), a mask; compares with the ref
  * at one feature level. K and V may differ in type (f16 / f32): the mixed cases take the
  * per-row path (dot_f16 / axpy_f16 kernels), F16 K and V the tiled one. */
@@ -245,14 +260,7 @@ static void attn_case(test_ctx *t, rng *r, uint32_t ktype, uint32_t vtype, int64
             mask[iq * n_kv + j] = m;
         }
     }
-    backend_op op;
-    memset(&op, 0, sizeof(op));
-    op.kind = BACKEND_OP_ATTENTION;
-    op.src[0] = tensor_3d(QUANT_TYPE_F32, q, hd, nh, nq);
-    op.src[1] = tensor_3d(ktype, kc, hd, nh_kv, n_kv);
-    op.src[2] = tensor_3d(vtype, vc, hd, nh_kv, n_kv);
-    op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, n_kv, nq);
-    op.dst = tensor_3d(QUANT_TYPE_F32, ref, hd, nh, nq);
+    backend_op op = attn_op(q, ktype, kc, vtype, vc, mask, ref, hd, nh, nh_kv, nq, n_kv);
     REQUIRE(tv_view_check(t, &op.src[0], q, (size_t)(hd * nh * nq) * 4, "attention", "q") &&
             tv_view_check(t, &op.src[1], kc, (size_t)(hd * nh_kv * cap) * ksz, "attention", "k") &&
             tv_view_check(t, &op.src[2], vc, (size_t)(hd * nh_kv * cap) * vsz, "attention", "v") &&
@@ -337,14 +345,7 @@ TEST(backend_attention_row_invariance) {
                 backend *be = make_backend(nt, level, false);
                 REQUIRE(be);
                 ((cpu_backend *)be)->kernels.attn_rows = ar;
-                backend_op op;
-                memset(&op, 0, sizeof(op));
-                op.kind = BACKEND_OP_ATTENTION;
-                op.src[0] = tensor_3d(QUANT_TYPE_F32, q, HD, NH, NQ);
-                op.src[1] = tensor_3d(QUANT_TYPE_F16, kc, HD, NH_KV, NKV);
-                op.src[2] = tensor_3d(QUANT_TYPE_F16, vc, HD, NH_KV, NKV);
-                op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, NKV, NQ);
-                op.dst = tensor_3d(QUANT_TYPE_F32, out, HD, NH, NQ);
+                backend_op op = attn_op(q, QUANT_TYPE_F16, kc, QUANT_TYPE_F16, vc, mask, out, HD, NH, NH_KV, NQ, NKV);
                 run_op(be, &op);
                 for (int iq = 0; iq < NQ; iq++) {
                     op.src[0] = tensor_3d(QUANT_TYPE_F32, q + iq * HD * NH, HD, NH, 1);
@@ -397,14 +398,7 @@ TEST(backend_attention_decode_blocks) {
             backend *be = make_backend(nts[ti], level, false);
             REQUIRE(be);
             ((cpu_backend *)be)->kernels.attn_rows = 4; /* 2 positions x group 2 per item */
-            backend_op op;
-            memset(&op, 0, sizeof(op));
-            op.kind = BACKEND_OP_ATTENTION;
-            op.src[0] = tensor_3d(QUANT_TYPE_F32, q, HD, NH, NQ);
-            op.src[1] = tensor_3d(QUANT_TYPE_F16, kc, HD, NH_KV, NKV);
-            op.src[2] = tensor_3d(QUANT_TYPE_F16, vc, HD, NH_KV, NKV);
-            op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, NKV, NQ);
-            op.dst = tensor_3d(QUANT_TYPE_F32, out, HD, NH, NQ);
+            backend_op op = attn_op(q, QUANT_TYPE_F16, kc, QUANT_TYPE_F16, vc, mask, out, HD, NH, NH_KV, NQ, NKV);
             run_op(be, &op);
             for (int pi = 0; pi < 2; pi++) {
                 const int p0 = p0s[pi], pn = pns[pi];
@@ -577,14 +571,7 @@ TEST(backend_op_attention_ref_semantics) {
     fill_f32(&r, v, hd * nh_kv * n_kv, 1.0f);
     for (int64_t iq = 0; iq < nq; iq++)
         for (int64_t j = 0; j < n_kv; j++) mask[iq * n_kv + j] = j <= iq + 3 ? 0.0f : -INFINITY;
-    backend_op op;
-    memset(&op, 0, sizeof(op));
-    op.kind = BACKEND_OP_ATTENTION;
-    op.src[0] = tensor_3d(QUANT_TYPE_F32, q, hd, nh, nq);
-    op.src[1] = tensor_3d(QUANT_TYPE_F32, k, hd, nh_kv, n_kv);
-    op.src[2] = tensor_3d(QUANT_TYPE_F32, v, hd, nh_kv, n_kv);
-    op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, n_kv, nq);
-    op.dst = tensor_3d(QUANT_TYPE_F32, out, hd, nh, nq);
+    backend_op op = attn_op(q, QUANT_TYPE_F32, k, QUANT_TYPE_F32, v, mask, out, hd, nh, nh_kv, nq, n_kv);
     cpu_op_attention_ref(&op);
     for (int64_t iq = 0; iq < nq; iq++) {
         for (int64_t h = 0; h < nh; h++) {

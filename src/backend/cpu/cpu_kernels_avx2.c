@@ -451,11 +451,11 @@ T2 INL void pv_tile2(float *out, int64_t ldo, const float *p, int64_t ldp, const
 
 #define PV_ROWS_SWITCH_M(NR_VAR, NC, MASK)                                                      \
     switch (NR_VAR) {                                                                           \
-    case 1: pv_tile2(o, ldo, pr, ldp, 1, vb, v_nb, kn, i0, NC, MASK, kb == 0 && !acc); break;                   \
-    case 2: pv_tile2(o, ldo, pr, ldp, 2, vb, v_nb, kn, i0, NC, MASK, kb == 0 && !acc); break;                   \
-    case 3: pv_tile2(o, ldo, pr, ldp, 3, vb, v_nb, kn, i0, NC, MASK, kb == 0 && !acc); break;                   \
-    case 4: pv_tile2(o, ldo, pr, ldp, 4, vb, v_nb, kn, i0, NC, MASK, kb == 0 && !acc); break;                   \
-    default: pv_tile2(o, ldo, pr, ldp, 5, vb, v_nb, kn, i0, NC, MASK, kb == 0 && !acc); break;                  \
+    case 1: pv_tile2(o, ldo, pr, ldp, 1, vb, v_nb, kn, i0, NC, MASK, fresh); break;             \
+    case 2: pv_tile2(o, ldo, pr, ldp, 2, vb, v_nb, kn, i0, NC, MASK, fresh); break;             \
+    case 3: pv_tile2(o, ldo, pr, ldp, 3, vb, v_nb, kn, i0, NC, MASK, fresh); break;             \
+    case 4: pv_tile2(o, ldo, pr, ldp, 4, vb, v_nb, kn, i0, NC, MASK, fresh); break;             \
+    default: pv_tile2(o, ldo, pr, ldp, 5, vb, v_nb, kn, i0, NC, MASK, fresh); break;            \
     }
 #define PV_ROWS_SWITCH(NR_VAR, NC)                                                              \
     if (finite) {                                                                               \
@@ -503,6 +503,7 @@ T2 static int64_t attn_pv_f16_avx2(float *out, int64_t ldo, const float *p, int6
     bool all_finite = nq >= 4;
     for (int64_t kb = 0; kb < n_kv; kb += PV_KEYS) {
         const int64_t kn = n_kv - kb < PV_KEYS ? n_kv - kb : PV_KEYS;
+        const bool fresh = kb == 0 && !acc; /* the sums start from 0, else from out */
         const void *vb = (const char *)v + (size_t)kb * v_nb;
         /* rows from n_fin on are checked (those before are vouched for) */
         const int64_t c0 = n_fin > kb ? (n_fin < kb + kn ? n_fin : kb + kn) : kb;
@@ -520,7 +521,7 @@ T2 static int64_t attn_pv_f16_avx2(float *out, int64_t ldo, const float *p, int6
             }
             for (; i0 < hd; i0++) {
                 for (int r = 0; r < nr; r++) {
-                    float a = kb == 0 && !acc ? 0.0f : o[r * ldo + i0];
+                    float a = fresh ? 0.0f : o[r * ldo + i0];
                     for (int64_t j = 0; j < kn; j++) {
                         const float pj = pr[r * ldp + j];
                         if (pj == 0.0f) continue;

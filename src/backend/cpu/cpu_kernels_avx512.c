@@ -645,7 +645,8 @@ T512 INL bool pv_tile(float *out, int64_t ldo, const float *p, int64_t ldp, cons
 
 /* One tile of nr (1..6) rows; chunks of 128 values (NC 8) for up to 2 rows. */
 T512 INL bool pv_tile_nr(float *o, int64_t ldo, const float *pr, int64_t ldp, int nr, const void *v, size_t v_nb,
-                         int64_t n_kv, int64_t i0, int64_t hd, const bool wide, const bool MASK, const bool CHECK, bool acc) {
+                         int64_t n_kv, int64_t i0, int64_t hd, const bool wide, const bool MASK, const bool CHECK,
+                         bool acc) {
     if (wide) {
         return nr == 1 ? pv_tile(o, ldo, pr, ldp, 1, v, v_nb, n_kv, i0, hd, 8, MASK, CHECK, acc)
                        : pv_tile(o, ldo, pr, ldp, 2, v, v_nb, n_kv, i0, hd, 8, MASK, CHECK, acc);

@@ -453,14 +453,9 @@ static void attn_struct_case(test_ctx *t, rng *r, uint32_t ktype, uint32_t vtype
                 mask[iq * n_kv + j] = vis ? 0.0f : -INFINITY;
             }
         }
-        backend_op op;
-        memset(&op, 0, sizeof(op));
-        op.kind = BACKEND_OP_ATTENTION;
-        op.src[0] = tensor_3d(QUANT_TYPE_F32, q, hd, nh, nq);
-        op.src[1] = tensor_3d(ktype, kc, hd, nh_kv, n_kv);
-        op.src[2] = tensor_3d(vtype, vc, hd, nh_kv, n_kv);
+        backend_op op = attn_op(q, ktype, kc, vtype, vc, mask, o[0], hd, nh, nh_kv, nq, n_kv);
         backend_op sop = op;
-        op.src[3] = tensor_2d(QUANT_TYPE_F32, mask, n_kv, nq);
+        memset(&sop.src[3], 0, sizeof(sop.src[3])); /* a structured kind takes no mask tensor */
         op.i[0] = BACKEND_ATTN_MASK;
         sop.i[0] = kind;
         dfl_error err;

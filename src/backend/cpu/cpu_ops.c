@@ -371,113 +371,102 @@ static void attn16_probs(const attn16_job *job, float *sr, int64_t iq, int64_t k
     job->k->act_row[QUANT_TYPE_F16](&pact, 0, sr);
 }
 
-static void attn16_fn(void *ctx, int ith, int nth) {
-    const attn16_job *job = ctx;
+/* Cells per block of attn16_heads_fn. */
+#ifndef ATTN_DECODE_CELLS
+#define ATTN_DECODE_CELLS 64
+#endif
+
+/* Query positions [iq0, iq0 + nqi) of kv heads [h0, h1), with thread scratch qb / sb / ob (see
+ * attn16_job). Row r is kv head h0 + r / hrows, query position iq0 + (r % hrows) / group, head
+ * (h0 + r / hrows) * group + r % group (hrows = nqi * group rows per kv head):
+ *   S = Q K^T by the f16 matmul kernel, block by block of `block` cells, every head per block;
+ *   the probabilities row by row (attn16_probs);
+ *   O = P V by attn_pv_f16 block by block, each block's sums going on from the previous one's
+ *   (acc). One block of all the cells is one matmul and one P V call per head.
+ * n_fin: value rows of h0 known finite (one head only; 0 with several); returns attn_pv_f16's
+ * count for the last call. */
+static int64_t attn16_span(const attn16_job *job, float *qb, int64_t h0, int64_t h1, int64_t iq0, int64_t nqi,
+                           int64_t block, int64_t n_fin) {
     const backend_op *op = job->op;
     const tensor *q = &op->src[0], *k = &op->src[1], *v = &op->src[2], *d = &op->dst;
-    const int64_t hd = q->ne[0], nh = q->ne[1], nq = q->ne[2];
-    const int64_t nh_kv = k->ne[1], hd_v = v->ne[0];
-    const int64_t group = nh / nh_kv, ldk = job->ldk;
-    float *qb = job->scratch + job->per_thread * (size_t)ith;
-    float *sb = qb + job->rows * hd;
-    float *ob = sb + job->rows * ldk;
+    const int64_t hd = q->ne[0], group = q->ne[1] / k->ne[1], hd_v = v->ne[0], ldk = job->ldk;
+    const int64_t hrows = nqi * group, rows = (h1 - h0) * hrows;
+    float *sb = qb + job->rows * hd;   /* scores [rows, ldk] */
+    float *ob = sb + job->rows * ldk;  /* outputs [rows, hd_v] */
     cpu_act act;
     cpu_act_layout(&act, CPU_DOT_F32, hd, job->rows, qb);
+    const int64_t kv_end = attn16_kv_end(op, iq0, nqi);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t iq = iq0 + r % hrows / group, h = (h0 + r / hrows) * group + r % group;
+        job->k->act_row[QUANT_TYPE_F16](&act, r, (const float *)((const char *)q->data + (size_t)h * q->nb[1] +
+                                                                  (size_t)iq * q->nb[2]));
+    }
+    for (int64_t c0 = 0; c0 < kv_end; c0 += block) {
+        const int64_t c1 = kv_end - c0 > block ? c0 + block : kv_end;
+        for (int64_t hk = h0; hk < h1; hk++) {
+            const char *kbase = (const char *)k->data + (size_t)hk * k->nb[1];
+            job->k->matmul[QUANT_TYPE_F16](kbase, k->nb[2], &act, (hk - h0) * hrows, hrows, sb, ldk, c0, c1);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) attn16_probs(job, sb + r * ldk, iq0 + r % hrows / group, kv_end);
+    int64_t got = 0;
+    for (int64_t c0 = 0; c0 < kv_end; c0 += block) {
+        const int64_t c1 = kv_end - c0 > block ? c0 + block : kv_end;
+        const int64_t nf = n_fin - c0 < 0 ? 0 : n_fin - c0 < c1 - c0 ? n_fin - c0 : c1 - c0;
+        for (int64_t hk = h0; hk < h1; hk++) {
+            const int64_t r0 = (hk - h0) * hrows;
+            const char *vblk = (const char *)v->data + (size_t)hk * v->nb[1] + (size_t)c0 * v->nb[2];
+            got = c0 + job->k->attn_pv_f16(ob + r0 * hd_v, hd_v, sb + r0 * ldk + c0, ldk, hrows, vblk, v->nb[2],
+                                           c1 - c0, hd_v, nf, c0 > 0);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t iq = iq0 + r % hrows / group, h = (h0 + r / hrows) * group + r % group;
+        memcpy((char *)d->data + (size_t)h * d->nb[1] + (size_t)iq * d->nb[2], ob + r * hd_v,
+               (size_t)hd_v * sizeof(float));
+    }
+    return got;
+}
 
+/* Items of one kv head and up to tq query positions (see the comment above), one block of cells. */
+static void attn16_fn(void *ctx, int ith, int nth) {
+    const attn16_job *job = ctx;
+    const int64_t nq = job->op->src[0].ne[2], nh_kv = job->op->src[1].ne[1];
+    const int64_t n_kv = job->op->src[1].ne[2];
+    float *qb = job->scratch + job->per_thread * (size_t)ith;
     const int64_t n_qt = (nq + job->tq - 1) / job->tq, n_items = nh_kv * n_qt;
     /* leading value rows of kv head fin_hk known finite (attn_pv_f16's n_fin): a thread's next
      * item is mostly the same head's, and the op does not write the cache */
     int64_t fin_hk = -1, fin_n = 0;
     for (int64_t it = ith; it < n_items; it += nth) {
         const int64_t hk = it / n_qt, iq0 = (it % n_qt) * job->tq;
-        const int64_t nqi = nq - iq0 < job->tq ? nq - iq0 : job->tq, rows = nqi * group;
-        const int64_t kv_end = attn16_kv_end(op, iq0, nqi);
-        /* row r: query position iq0 + r / group, head hk * group + r % group */
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t iq = iq0 + r / group, h = hk * group + r % group;
-            job->k->act_row[QUANT_TYPE_F16](&act, r, (const float *)((const char *)q->data + (size_t)h * q->nb[1] +
-                                                                      (size_t)iq * q->nb[2]));
-        }
-        const char *kbase = (const char *)k->data + (size_t)hk * k->nb[1];
-        job->k->matmul[QUANT_TYPE_F16](kbase, k->nb[2], &act, 0, rows, sb, ldk, 0, kv_end);
-        for (int64_t r = 0; r < rows; r++) attn16_probs(job, sb + r * ldk, iq0 + r / group, kv_end);
-        const char *vbase = (const char *)v->data + (size_t)hk * v->nb[1];
-        const int64_t n_fin = hk != fin_hk ? 0 : fin_n < kv_end ? fin_n : kv_end;
-        const int64_t got = job->k->attn_pv_f16(ob, hd_v, sb, ldk, rows, vbase, v->nb[2], kv_end, hd_v, n_fin, false);
+        const int64_t nqi = nq - iq0 < job->tq ? nq - iq0 : job->tq;
+        const int64_t got = attn16_span(job, qb, hk, hk + 1, iq0, nqi, n_kv, hk != fin_hk ? 0 : fin_n);
         if (hk != fin_hk || got > fin_n) {
             fin_hk = hk;
             fin_n = got;
         }
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t iq = iq0 + r / group, h = hk * group + r % group;
-            memcpy((char *)d->data + (size_t)h * d->nb[1] + (size_t)iq * d->nb[2], ob + r * hd_v,
-                   (size_t)hd_v * sizeof(float));
-        }
     }
 }
-
-/* Cells per block of attn16_heads_fn. */
-#ifndef ATTN_DECODE_CELLS
-#define ATTN_DECODE_CELLS 64
-#endif
 
 /* Few query positions (a decode step, or a short verify: group * nq <= attn_rows, one item per kv
  * head in attn16_fn) of the f16 attention: thread ith takes a contiguous share of the kv heads,
  * [h0, h1), and reads their key rows, then their value rows, together, block by block of
- * ATTN_DECODE_CELLS cells. The kv heads of a cell lie side by side in the cache (one row of
- * n_head_kv * head_dim * 2 bytes per cell), so a thread reads a run of (h1 - h0) * 256 bytes of
- * each row (the 0.6B shape, 2 threads: 1 KiB of 2 KiB) instead of 256 bytes for one head at a
- * time, spread over the whole cache. The operations per (query row, key) are attn16_fn's: the
- * scores are the matmul's outputs over key ranges (which do not depend on the range), the
- * probabilities the same row kernels, and the P V sums go on from block to block in key order
- * (attn_pv_f16's acc), so a row's output is the batch's, bit for bit. Zen 4 VM, 2 threads,
- * bench_ops attn 2 1 16385 (16 / 8 heads, dim 128), 3 alternated rounds: 4.3-6.7 -> 2.5-3.8 ms
- * (cells per block 32 / 64 / 128 / 256: 2.50-3.22 / 2.53-2.93 / 2.66-3.42 / 2.71-3.43); the
- * Q4_K_M 0.6B decode step after 4096 cells 49.4-50.9 -> 36.4-38.6 ms. */
+ * ATTN_DECODE_CELLS cells (attn16_span). The kv heads of a cell lie side by side in the cache (one
+ * row of n_head_kv * head_dim * 2 bytes per cell), so a thread reads a run of (h1 - h0) * 256
+ * bytes of each row (the 0.6B shape, 2 threads: 1 KiB of 2 KiB) instead of 256 bytes for one
+ * head at a time, spread over the whole cache. The operations per (query row, key) are
+ * attn16_fn's: the scores are the matmul's outputs over key ranges (which do not depend on the
+ * range), the probabilities the same row kernels, and the P V sums go on from block to block in
+ * key order (attn_pv_f16's acc), so a row's output is the batch's, bit for bit. Zen 4 VM, 2
+ * threads, bench_ops attn 2 1 16385 (16 / 8 heads, dim 128), 3 alternated rounds: 4.3-6.7 ->
+ * 2.5-3.8 ms (cells per block 32 / 64 / 128 / 256: 2.50-3.22 / 2.53-2.93 / 2.66-3.42 /
+ * 2.71-3.43); the Q4_K_M 0.6B decode step after 4096 cells 49.4-50.9 -> 36.4-38.6 ms. */
 static void attn16_heads_fn(void *ctx, int ith, int nth) {
     const attn16_job *job = ctx;
-    const backend_op *op = job->op;
-    const tensor *q = &op->src[0], *k = &op->src[1], *v = &op->src[2], *d = &op->dst;
-    const int64_t hd = q->ne[0], nh = q->ne[1], nq = q->ne[2];
-    const int64_t nh_kv = k->ne[1], hd_v = v->ne[0];
-    const int64_t group = nh / nh_kv, ldk = job->ldk, hrows = nq * group; /* rows per kv head */
-    const int64_t h0 = nh_kv * ith / nth, h1 = nh_kv * (ith + 1) / nth, rows = (h1 - h0) * hrows;
-    if (rows <= 0) return;
-    /* row r: kv head h0 + r / hrows, query position (r % hrows) / group, head (h0 + r / hrows) *
-     * group + r % group (within a kv head, attn16_fn's order) */
-    float *qb = job->scratch + job->per_thread * (size_t)ith;
-    float *sb = qb + job->rows * hd;   /* scores [rows, ldk] */
-    float *ob = sb + job->rows * ldk;  /* outputs [rows, hd_v] */
-    cpu_act act;
-    cpu_act_layout(&act, CPU_DOT_F32, hd, job->rows, qb);
-    const int64_t kv_end = attn16_kv_end(op, 0, nq);
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t iq = r % hrows / group, h = (h0 + r / hrows) * group + r % group;
-        job->k->act_row[QUANT_TYPE_F16](&act, r, (const float *)((const char *)q->data + (size_t)h * q->nb[1] +
-                                                                  (size_t)iq * q->nb[2]));
-    }
-    for (int64_t c0 = 0; c0 < kv_end; c0 += ATTN_DECODE_CELLS) {
-        const int64_t c1 = c0 + ATTN_DECODE_CELLS < kv_end ? c0 + ATTN_DECODE_CELLS : kv_end;
-        for (int64_t hk = h0; hk < h1; hk++) {
-            const char *kbase = (const char *)k->data + (size_t)hk * k->nb[1];
-            job->k->matmul[QUANT_TYPE_F16](kbase, k->nb[2], &act, (hk - h0) * hrows, hrows, sb, ldk, c0, c1);
-        }
-    }
-    for (int64_t r = 0; r < rows; r++) attn16_probs(job, sb + r * ldk, r % hrows / group, kv_end);
-    for (int64_t c0 = 0; c0 < kv_end; c0 += ATTN_DECODE_CELLS) {
-        const int64_t c1 = c0 + ATTN_DECODE_CELLS < kv_end ? c0 + ATTN_DECODE_CELLS : kv_end;
-        for (int64_t hk = h0; hk < h1; hk++) {
-            const int64_t r0 = (hk - h0) * hrows;
-            const char *vblk = (const char *)v->data + (size_t)hk * v->nb[1] + (size_t)c0 * v->nb[2];
-            job->k->attn_pv_f16(ob + r0 * hd_v, hd_v, sb + r0 * ldk + c0, ldk, hrows, vblk, v->nb[2], c1 - c0, hd_v, 0,
-                                c0 > 0);
-        }
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t iq = r % hrows / group, h = (h0 + r / hrows) * group + r % group;
-        memcpy((char *)d->data + (size_t)h * d->nb[1] + (size_t)iq * d->nb[2], ob + r * hd_v,
-               (size_t)hd_v * sizeof(float));
-    }
+    const int64_t nq = job->op->src[0].ne[2], nh_kv = job->op->src[1].ne[1];
+    const int64_t h0 = nh_kv * ith / nth, h1 = nh_kv * (ith + 1) / nth;
+    if (h1 > h0) attn16_span(job, job->scratch + job->per_thread * (size_t)ith, h0, h1, 0, nq, ATTN_DECODE_CELLS, 0);
 }
 
 static void exec_attention(cpu_backend *be, const backend_op *op) {

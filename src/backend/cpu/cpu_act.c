@@ -326,13 +326,10 @@ void cpu_kernels_init_ref(cpu_kernels *k) {
 void cpu_kernels_select(cpu_kernels *k, uint32_t features) {
     cpu_kernels_init_ref(k);
     k->pf_l1_rows = 2;
-    k->attn_rows = 8;
+    k->attn_rows = 16;
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    if (__builtin_cpu_is("intel")) {
-        k->pf_l1_rows = 0;
-        k->attn_rows = 16;
-    }
+    if (__builtin_cpu_is("intel")) k->pf_l1_rows = 0;
     if (features & BACKEND_CPU_FEATURE_AVX2) {
         cpu_kernels_init_avx2(k);
         cpu_kernels_init_ext_avx2(k);

@@ -171,11 +171,13 @@ typedef struct cpu_kernels {
      * 5.96; 2 rows likewise. On Zen 4 L1 was the faster for 1-2 rows (bench/results/
      * cpu-prefetch-l2.md). */
     int pf_l1_rows;
-    /* Query rows per item of the f16 attention (cpu_ops.c; a multiple of 4): 16 on Intel, 8
-     * elsewhere. Zen 5, pp512 of the Q8_0 0.6B-dimension model, 2 threads, 8 alternated pairs:
-     * 8 faster than 12 in 6 (tok/s 792/788 785/763 738/750 739/717 713/727 736/696 685/632
-     * 725/714); 16 not measured there. AMX Xeon VM, 2 threads, Q4_K_M, 512 tokens after 64,
-     * 3 alternated rounds: 8 711-731 ms, 16 643-700 (a 16-row verify the same, 31.5-32.5). */
+    /* Query rows per item of the f16 attention (cpu_ops.c; a multiple of 4): 16. Zen 4 VM, 2
+     * threads, bench_ops attn (16 / 8 heads, dim 128), 3-4 alternated rounds, min ms, 8 -> 16:
+     * 16 x 4112 3.28-3.32 -> 3.01-3.12, 8 x 4104 (now the kv-head path) 1.64-1.69 -> 1.53-1.56,
+     * 16 x 528 0.41 -> 0.38, 128 x 4224 26.3-26.9 -> 24.1-24.7; 1 thread 16 x 4112 6.9 -> 6.0
+     * (fewer items per kv head: its key and value rows are read fewer times). AMX Xeon VM, 2
+     * threads, Q4_K_M, 512 tokens after 64, 3 alternated rounds: 8 711-731 ms, 16 643-700. Zen 5
+     * measured 8 against 12 only (pp512, 8 faster in 6 of 8 pairs, by 0-8%). */
     int attn_rows;
 } cpu_kernels;
 

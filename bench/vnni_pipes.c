@@ -44,6 +44,10 @@ LOOP(l_mul, FOUR("vmulps %%zmm12, ", "%%zmm13", ""))
 LOOP(l_sll, FOUR("vpslld $7, ", "%%zmm12", ""))
 LOOP(l_mov, FOUR("vmovdqa32 ", "%%zmm12", ""))
 LOOP(l_cvtph, FOUR("vcvtph2ps ", "%%ymm12", ""))
+LOOP(l_shuf, FOUR("vshuff32x4 $0x4e, %%zmm12, ", "%%zmm13", ""))
+LOOP(l_perm2, FOUR("vpermt2ps %%zmm12, ", "%%zmm13", ""))
+LOOP(l_unpck, FOUR("vunpcklps %%zmm12, ", "%%zmm13", ""))
+LOOP(l_addps, FOUR("vaddps %%zmm12, ", "%%zmm13", ""))
 LOOP(l_store, "vmovdqu64 %%zmm12, 1024(%1)\n\t vmovdqu64 %%zmm12, 1088(%1)\n\t"
               "vmovdqu64 %%zmm12, 1152(%1)\n\t vmovdqu64 %%zmm12, 1216(%1)\n\t")
 
@@ -78,6 +82,8 @@ int main(void) {
         {"+ 4 vpdpwssd", l_wssd},              {"+ 4 vfmadd231ps", l_fma},
         {"+ 4 vmulps", l_mul},                 {"+ 4 vpslld", l_sll},
         {"+ 4 vmovdqa32 (register copies)", l_mov}, {"+ 4 vcvtph2ps", l_cvtph},
+        {"+ 4 vshuff32x4", l_shuf},            {"+ 4 vpermt2ps", l_perm2},
+        {"+ 4 vunpcklps", l_unpck},            {"+ 4 vaddps", l_addps},
         {"+ 4 zmm stores", l_store},           {"each: vpbroadcastd from memory", l_bcast},
         {"each: embedded {1to16} operand", l_embed},
     };

@@ -173,7 +173,7 @@ typedef struct cpu_kernels {
     int pf_l1_rows;
     /* Query rows per item of the f16 attention (cpu_ops.c; a multiple of 4): 16. Zen 4 VM, 2
      * threads, bench_ops attn (16 / 8 heads, dim 128), 3-4 alternated rounds, min ms, 8 -> 16:
-     * 16 x 4112 3.28-3.32 -> 3.01-3.12, 8 x 4104 (now the kv-head path) 1.64-1.69 -> 1.53-1.56,
+     * 16 x 4112 3.24-3.47 -> 2.99-3.12, 8 x 4104 (now the kv-head path) 1.64-1.69 -> 1.53-1.56,
      * 16 x 528 0.41 -> 0.38, 128 x 4224 26.3-26.9 -> 24.1-24.7; 1 thread 16 x 4112 6.9 -> 6.0
      * (fewer items per kv head: its key and value rows are read fewer times). AMX Xeon VM, 2
      * threads, Q4_K_M, 512 tokens after 64, 3 alternated rounds: 8 711-731 ms, 16 643-700. Zen 5

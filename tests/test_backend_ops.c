@@ -317,7 +317,7 @@ TEST(backend_op_attention) {
 /* A query row's attention output is bit-identical whether the row comes alone (decode) or inside a
  * batch (verify, prefill), with causal and two-sequence masks: the kernel works on a prefix of the
  * keys that depends on the batch (the last key any row of a tile sees), which must not change a
- * single bit; nor must the query rows per item (cpu_kernels.attn_rows, chosen per CPU: 4-32 here). */
+ * single bit; nor must the query rows per item (cpu_kernels.attn_rows, 16 by default: 4-32 here). */
 TEST(backend_attention_row_invariance) {
     rng r = {16};
     enum { HD = 64, NH = 8, NH_KV = 2, NQ = 21, PAST = 49, NKV = PAST + NQ };

@@ -251,7 +251,8 @@ void cli_print_common_help(FILE *out) {
             "  --no-spec               ignore the drafter (plain autoregressive decoding)\n"
             "  --async                 queues run on worker threads (like GPU streams)\n"
             "  --no-repack             read the weights as stored: no packed copy of the Q8_0 /\n"
-            "                          Q4_K / Q6_K weights for the CPU kernels (same output, slower)\n"
+            "                          Q4_0 / Q4_K / Q6_K weights for the CPU kernels (same output,\n"
+            "                          slower)\n"
             "  -ctk, --cache-type-k T  KV cache type, f16 (default, like llama.cpp) or f32;\n"
             "  -ctv, --cache-type-v T  K and V take the same type\n"
             "  --json                  print one JSON object at the end instead of streaming\n",

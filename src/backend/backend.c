@@ -204,6 +204,15 @@ static dfl_status check_weight(dfl_error *err, const backend_op *op, const tenso
         } else if (w->nb[1] != 2 * (size_t)tensor_p16_x16_n_pad(w->ne[0]) || w->data == NULL || ((uintptr_t)w->data & 63) != 0) {
             what = "is packed as p16 x16: needs nb[1] = 2 x ne[0] rounded up to 32 and 64-byte aligned data";
         }
+    } else if (w->layout == TENSOR_LAYOUT_Q4_0_X16) {
+        if (w->type != QUANT_TYPE_Q4_0) {
+            what = "is packed as q4_0 x16 but is not q4_0";
+        } else if (w->ne[0] <= 0 || w->ne[0] % 512 != 0 || w->ne[1] <= 0 || w->ne[2] != 1 || w->ne[3] != 1) {
+            what = "is packed as q4_0 x16: needs 2 dims with ne[0] a multiple of 512";
+        } else if (w->nb[1] % 64 != 0 || w->nb[1] < (size_t)(w->ne[0] / 32) * 18 || w->data == NULL ||
+                   ((uintptr_t)w->data & 63) != 0) {
+            what = "is packed as q4_0 x16: rows must be 64-byte aligned and hold ne[0] / 32 * 18 bytes";
+        }
     } else if (w->layout != TENSOR_LAYOUT_Q8_0_X16) {
         what = "has an unknown layout";
     } else if (w->type != QUANT_TYPE_Q8_0) {

@@ -332,6 +332,14 @@ static dfl_status cpu_op_supported(const backend *bbe, const backend_op *op, dfl
         return error_set(err, DFL_ERR_UNSUPPORTED, "op matmul: the cpu backend has no kernel for weight type %u",
                          op->src[0].type);
     }
+    if ((op->kind == BACKEND_OP_MATMUL || op->kind == BACKEND_OP_MATMUL_ARGMAX) &&
+        op->src[0].layout != TENSOR_LAYOUT_PLAIN &&
+        (op->src[0].layout != be->kernels.pack_layout[op->src[0].type] || be->kernels.matmul_packed[op->src[0].type] == NULL)) {
+        return error_set(err, DFL_ERR_UNSUPPORTED,
+                         "op matmul: w is packed in layout %u, which this cpu backend's kernels do not read (pack it "
+                         "with backend_weight_pack on this backend)",
+                         op->src[0].layout);
+    }
     return DFL_OK;
 }
 

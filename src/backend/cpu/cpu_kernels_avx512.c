@@ -830,6 +830,8 @@ void cpu_kernels_init_avx512(cpu_kernels *k) {
     k->matmul[QUANT_TYPE_Q8_0] = mm_q8_0_512;
     k->matmul_packed[QUANT_TYPE_Q8_0] = cpu_mm_q8_0_x16_avx512;
     k->pack_layout[QUANT_TYPE_Q8_0] = TENSOR_LAYOUT_Q8_0_X16;
+    k->matmul_packed[QUANT_TYPE_Q4_0] = cpu_mm_q4_0_x16_avx512;
+    k->pack_layout[QUANT_TYPE_Q4_0] = TENSOR_LAYOUT_Q4_0_X16;
     k->matmul[QUANT_TYPE_Q4_0] = mm_q4_0_512;
     cpu_kernels_init_kquant_avx512(k); /* Q4_K, Q6_K (cpu_gemm_kquant_avx512.c) */
     k->act_row[QUANT_TYPE_F32] = act_row_f32_512;

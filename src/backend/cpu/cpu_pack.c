@@ -5,6 +5,10 @@
  *   group with eight plain 64-byte loads instead of transposing and gathering 16 blocks in every
  *   matmul (decode, verify, prefill alike). Same byte count as the Q8_0 row; rows are padded to 64
  *   bytes (32 extra bytes for an odd number of groups).
+ * - TENSOR_LAYOUT_Q4_0_X16: the same for Q4_0 (AVX-512 only): a group's 16 blocks of 16 quant
+ *   bytes as 4 vectors of 64 bytes whose lane j holds dword k of block j as stored (its low nibbles
+ *   are values 4k .. 4k+3, its high nibbles 16 + 4k ..), then the scales; the kernel splits the
+ *   nibbles with a mask and a shift where the plain kernel transposes 16 blocks per group.
  * - TENSOR_LAYOUT_KQ_X16: Q4_K / Q6_K rows in groups of 16, one record per super-block with row i
  *   of the group in 32-bit lane i: the f16 scales, the 6-bit (Q4_K) or int8 (Q6_K) sub-block scales
  *   one byte per row, and the quants dword by dword (Q4_K's qs; Q6_K's ql and qh) (record offsets
@@ -19,10 +23,10 @@
  *   in the tiles' pair order, F16 with each pair's first inputs of the 16 rows in the low half of
  *   the line and the second in the high half, so that the kernel's split into bf16 parts puts the
  *   pairs together with one shift and one OR. Same bytes as the rows, plus the padding.
- * The first three give the same bits as plain weights (the kernels do the same integer and f32
+ * The first four give the same bits as plain weights (the kernels do the same integer and f32
  * operations on the same values). A type is packed only where the level has a kernel for it
- * (cpu_kernels.pack_layout names the layout): Q8_0 at every level, Q4_K / Q6_K at AVX2 and
- * AVX-512, F16 / BF16 with AMX-BF16 (whose tiles sum differently from the plain F16 kernels: every
+ * (cpu_kernels.pack_layout names the layout): Q8_0 at every level, Q4_0 at AVX-512, Q4_K / Q6_K at
+ * AVX2 and AVX-512, F16 / BF16 with AMX-BF16 (whose tiles sum differently from the plain F16 kernels: every
  * row count of such a backend takes them, so a row's result still does not depend on its batch). */
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
@@ -31,6 +35,11 @@
 
 static size_t q8_0_x16_row_stride(int64_t n_in) {
     const size_t bytes = (size_t)(n_in / QK8_0) * sizeof(block_q8_0);
+    return (bytes + 63) & ~(size_t)63;
+}
+
+static size_t q4_0_x16_row_stride(int64_t n_in) {
+    const size_t bytes = (size_t)(n_in / QK4_0) * sizeof(block_q4_0);
     return (bytes + 63) & ~(size_t)63;
 }
 
@@ -45,6 +54,9 @@ uint32_t cpu_weight_pack_layout(const cpu_kernels *k, const tensor *w) {
     if (layout == TENSOR_LAYOUT_Q8_0_X16) {
         return w->type == QUANT_TYPE_Q8_0 && w->ne[0] % CPU_Q8_0_GROUP_VALUES == 0 ? layout : TENSOR_LAYOUT_PLAIN;
     }
+    if (layout == TENSOR_LAYOUT_Q4_0_X16) {
+        return w->type == QUANT_TYPE_Q4_0 && w->ne[0] % CPU_Q8_0_GROUP_VALUES == 0 ? layout : TENSOR_LAYOUT_PLAIN;
+    }
     if (layout == TENSOR_LAYOUT_KQ_X16) return tensor_kq_x16_record_bytes(w->type) != 0 ? layout : TENSOR_LAYOUT_PLAIN;
     if (layout == TENSOR_LAYOUT_Q6K_X16V) return w->type == QUANT_TYPE_Q6_K ? layout : TENSOR_LAYOUT_PLAIN;
     if (layout == TENSOR_LAYOUT_P16_X16) {
@@ -58,6 +70,7 @@ static size_t p16_x16_group_bytes(int64_t n_in) { return 16 * 2 * (size_t)tensor
 size_t cpu_weight_pack_size(const cpu_kernels *k, const tensor *w) {
     switch (cpu_weight_pack_layout(k, w)) {
     case TENSOR_LAYOUT_Q8_0_X16: return q8_0_x16_row_stride(w->ne[0]) * (size_t)w->ne[1];
+    case TENSOR_LAYOUT_Q4_0_X16: return q4_0_x16_row_stride(w->ne[0]) * (size_t)w->ne[1];
     case TENSOR_LAYOUT_KQ_X16:
     case TENSOR_LAYOUT_Q6K_X16V:
         return (size_t)((w->ne[1] + 15) / 16) * (size_t)(w->ne[0] / QK_K) * tensor_kq_x16_record_bytes(w->type);
@@ -80,6 +93,18 @@ void cpu_pack_q8_0_x16_row(uint8_t *dst, const block_q8_0 *src, int64_t n_in) {
         memcpy(dst + (size_t)n_in + (size_t)b * sizeof(uint16_t), &src[b].d, sizeof(uint16_t));
     }
     const size_t used = (size_t)nb * sizeof(block_q8_0), stride = q8_0_x16_row_stride(n_in);
+    memset(dst + used, 0, stride - used);
+}
+
+void cpu_pack_q4_0_x16_row(uint8_t *dst, const block_q4_0 *src, int64_t n_in) {
+    const int64_t nb = n_in / QK4_0;
+    for (int64_t b = 0; b < nb; b++) {
+        /* quant bytes 4k .. 4k+3 of block b -> bytes (b / 16) * 256 + k * 64 + (b % 16) * 4 */
+        uint8_t *g = dst + (b / CPU_Q8_0_GROUP) * (CPU_Q8_0_GROUP_VALUES / 2) + (b % CPU_Q8_0_GROUP) * 4;
+        for (int k = 0; k < QK4_0 / 8; k++) memcpy(g + 64 * k, src[b].qs + 4 * k, 4);
+        memcpy(dst + (size_t)(n_in / 2) + (size_t)b * sizeof(uint16_t), &src[b].d, sizeof(uint16_t));
+    }
+    const size_t used = (size_t)nb * sizeof(block_q4_0), stride = q4_0_x16_row_stride(n_in);
     memset(dst + used, 0, stride - used);
 }
 
@@ -138,12 +163,14 @@ static void pack_kq_record(uint8_t *R, uint32_t type, bool v, const uint8_t *con
 void cpu_weight_pack_part(const cpu_kernels *k, const tensor *w, void *dst, int part, int n_parts) {
     const uint32_t layout = cpu_weight_pack_layout(k, w);
     DFL_ASSERT(layout != TENSOR_LAYOUT_PLAIN && ((uintptr_t)dst & 63) == 0 && part >= 0 && part < n_parts);
-    if (layout == TENSOR_LAYOUT_Q8_0_X16) {
-        const size_t stride = q8_0_x16_row_stride(w->ne[0]);
+    if (layout == TENSOR_LAYOUT_Q8_0_X16 || layout == TENSOR_LAYOUT_Q4_0_X16) {
+        const bool q4 = layout == TENSOR_LAYOUT_Q4_0_X16;
+        const size_t stride = q4 ? q4_0_x16_row_stride(w->ne[0]) : q8_0_x16_row_stride(w->ne[0]);
         const int64_t n = w->ne[1], o0 = n * part / n_parts, o1 = n * (part + 1) / n_parts;
         for (int64_t o = o0; o < o1; o++) {
-            cpu_pack_q8_0_x16_row((uint8_t *)dst + (size_t)o * stride,
-                                  (const block_q8_0 *)((const char *)w->data + (size_t)o * w->nb[1]), w->ne[0]);
+            const void *row = (const char *)w->data + (size_t)o * w->nb[1];
+            if (q4) cpu_pack_q4_0_x16_row((uint8_t *)dst + (size_t)o * stride, (const block_q4_0 *)row, w->ne[0]);
+            else cpu_pack_q8_0_x16_row((uint8_t *)dst + (size_t)o * stride, (const block_q8_0 *)row, w->ne[0]);
         }
         return;
     }
@@ -191,6 +218,7 @@ tensor cpu_weight_packed_view(const cpu_kernels *k, const tensor *w, void *dst) 
     t.buf = NULL;
     t.layout = layout;
     t.nb[1] = layout == TENSOR_LAYOUT_Q8_0_X16   ? q8_0_x16_row_stride(w->ne[0])
+              : layout == TENSOR_LAYOUT_Q4_0_X16 ? q4_0_x16_row_stride(w->ne[0])
               : layout == TENSOR_LAYOUT_P16_X16 ? p16_x16_group_bytes(w->ne[0]) / 16
                                                 : tensor_kq_x16_record_bytes(w->type) * (size_t)(w->ne[0] / QK_K) / 16;
     t.nb[2] = t.nb[1] * (size_t)w->ne[1];

@@ -98,8 +98,8 @@ typedef struct dfl_context_params {
     bool kv_f32;            /* KV cache in f32 (default f16, like llama.cpp) */
     bool async;             /* the context's queue runs on a worker thread */
     /* read the weights only as stored: no packed copy for the CPU kernels (default: Q8_0 weights
-     * with n_in a multiple of 512 (with AVX-512 Q4_0 ones too), and with AVX2 / AVX-512 Q4_K and
-     * Q6_K ones, are repacked once per
+     * with n_in a multiple of 512, and with AVX2 / AVX-512 Q4_0 (the same n_in), Q4_K and Q6_K
+     * ones, are repacked once per
      * model and backend; same results, faster; the copy takes about the size of those weights, Q6_K
      * a third more, and the mapping's pages of the packed weights are released) */
     bool no_weight_pack;

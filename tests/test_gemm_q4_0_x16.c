@@ -1,9 +1,9 @@
-/* test_gemm_q4_0_x16.c: Q4_0 weights packed for the AVX-512 kernels (TENSOR_LAYOUT_Q4_0_X16,
- * cpu_pack.c; the tile of cpu_gemm_q8_0_x16_avx512.c with the nibbles split in registers):
+/* test_gemm_q4_0_x16.c: Q4_0 weights packed for the AVX2 and AVX-512 kernels
+ * (TENSOR_LAYOUT_Q4_0_X16, cpu_pack.c; cpu_kernels_avx2.c, and the tile of
+ * cpu_gemm_q8_0_x16_avx512.c with the nibbles split in registers), at each of those levels:
  * - the layout byte for byte (quant bytes at their transposed offsets, scales after the groups,
- *   padding zeroed), and which weights and levels pack (AVX-512 only: the other levels read Q4_0
- *   as stored);
- * - the packed kernel gives the bits of the plain AVX-512 Q4_0 kernel on awkward shapes (n_in 512 ..
+ *   padding zeroed), and which weights and levels pack (the scalar level reads Q4_0 as stored);
+ * - the packed kernel gives the bits of the plain Q4_0 kernel of its level on awkward shapes (n_in 512 ..
  *   8704: calls of more than 4 rows unpack the weights into a buffer up to n_in 8192), outputs not multiples of 4, rows around the tiles), random and extreme blocks (every
  *   nibble 0 or 15, |x| at the quantizer's limit); the packed reference gives the bits of the
  *   plain reference (every level);
@@ -25,18 +25,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define Q4X_LEVEL 2 /* avx512 (with VNNI): the level whose kernels pack Q4_0 */
+/* The levels whose kernels pack Q4_0: avx2 (1) and avx512 (2). */
+#define Q4X_LEVEL0 1
+#define Q4X_LEVEL1 2
 
 static size_t q4x_stride(int64_t n_in) { return ((size_t)(n_in / 32) * 18 + 63) & ~(size_t)63; }
 
-/* The AVX-512 kernels, or false (the test then skips: no such CPU). */
-static bool q4x_kernels(test_ctx *t, cpu_kernels *k) {
-    if (!level_available(Q4X_LEVEL)) {
-        test_skip(t, "no AVX-512 VNNI on this CPU: Q4_0 is packed by the AVX-512 kernels only");
-        return false;
-    }
-    cpu_kernels_select(k, cpu_features_detect() & ~level_disable(Q4X_LEVEL));
+/* The kernels of level (1 or 2), or false when this CPU lacks it (a test with no level then skips). */
+static bool q4x_kernels(int level, cpu_kernels *k) {
+    if (!level_available(level)) return false;
+    cpu_kernels_select(k, cpu_features_detect() & ~level_disable(level));
     return k->matmul_packed[QUANT_TYPE_Q4_0] != NULL;
+}
+
+static bool q4x_any_level(test_ctx *t) {
+    if (level_available(Q4X_LEVEL0) || level_available(Q4X_LEVEL1)) return true;
+    test_skip(t, "no AVX2 on this CPU: Q4_0 is packed by the AVX2 and AVX-512 kernels only");
+    return false;
 }
 
 /* A packed copy of the plain Q4_0 weight w [n_in, n_out] by k (aligned_alloc'd; free()). */
@@ -63,8 +68,9 @@ static void *q4x_weight(rng *r, int64_t n_in, int64_t n_out, bool extreme) {
 }
 
 TEST(gemm_q4_0_x16_layout) {
+    if (!q4x_any_level(t)) return;
     cpu_kernels k;
-    if (!q4x_kernels(t, &k)) return;
+    if (!q4x_kernels(Q4X_LEVEL0, &k)) REQUIRE(q4x_kernels(Q4X_LEVEL1, &k));
     rng r = {41};
     const int64_t k_n[3] = {512, 1536, 2048};
     for (int ni = 0; ni < 3; ni++) {
@@ -104,8 +110,8 @@ TEST(gemm_q4_0_x16_layout) {
         free(p);
         free(w);
     }
-    /* not packable: rows not a multiple of 16 blocks, strided rows, a packed view; and the levels
-     * below AVX-512 read Q4_0 as stored */
+    /* not packable: rows not a multiple of 16 blocks, strided rows, a packed view; and the scalar
+     * level reads Q4_0 as stored */
     uint8_t dummy[64] __attribute__((aligned(64)));
     tensor a = tensor_2d(QUANT_TYPE_Q4_0, dummy, 544, 4);
     CHECK_EQ_INT(cpu_weight_pack_size(&k, &a), 0);
@@ -116,13 +122,10 @@ TEST(gemm_q4_0_x16_layout) {
     CHECK(cpu_weight_pack_size(&k, &e) > 0);
     e.layout = TENSOR_LAYOUT_Q4_0_X16;
     CHECK_EQ_INT(cpu_weight_pack_size(&k, &e), 0);
-    for (int level = 0; level < Q4X_LEVEL; level++) {
-        if (!level_available(level)) continue;
-        cpu_kernels kl;
-        cpu_kernels_select(&kl, cpu_features_detect() & ~level_disable(level));
-        tensor f = tensor_2d(QUANT_TYPE_Q4_0, dummy, 512, 4);
-        CHECK_MSG(cpu_weight_pack_size(&kl, &f) == 0, "%s packs Q4_0", k_level_names[level]);
-    }
+    cpu_kernels kl;
+    cpu_kernels_select(&kl, cpu_features_detect() & ~level_disable(0));
+    tensor f = tensor_2d(QUANT_TYPE_Q4_0, dummy, 512, 4);
+    CHECK_MSG(cpu_weight_pack_size(&kl, &f) == 0, "the scalar level packs Q4_0");
 }
 
 /* 8704: above the kernel's unpack buffer (Q4X_BUF_MAX_IN), so its tiles of many rows split the
@@ -132,19 +135,21 @@ static const int64_t k_q_out[6] = {1, 3, 4, 5, 13, 37};
 static const int64_t k_q_rows[9] = {1, 2, 3, 4, 5, 7, 16, 17, 33};
 
 static int q4x_cmp(test_ctx *t, const float *a, const float *b, int64_t n_out, int64_t n_rows, const char *what,
-                   int64_t n_in) {
+                   int level, int64_t n_in) {
     const int64_t i = first_bit_diff(a, b, n_out * n_rows);
     if (i < 0) return 0;
-    test_fail(t, __FILE__, __LINE__, "%s [%lld -> %lld] x %lld rows: out %lld row %lld: %.9g vs %.9g", what,
-              (long long)n_in, (long long)n_out, (long long)n_rows, (long long)(i % n_out), (long long)(i / n_out), a[i],
+    test_fail(t, __FILE__, __LINE__, "%s %s [%lld -> %lld] x %lld rows: out %lld row %lld: %.9g vs %.9g", what,
+              k_level_names[level], (long long)n_in, (long long)n_out, (long long)n_rows, (long long)(i % n_out), (long long)(i / n_out), a[i],
               b[i]);
     return 1;
 }
 
 TEST(gemm_q4_0_x16_same_bits_as_plain) {
-    cpu_kernels ks;
-    if (!q4x_kernels(t, &ks)) return;
+    if (!q4x_any_level(t)) return;
     rng r = {9002};
+    for (int level = Q4X_LEVEL0; level <= Q4X_LEVEL1; level++) {
+    cpu_kernels ks;
+    if (!q4x_kernels(level, &ks)) continue;
     for (int ni = 0; ni < 5; ni++) {
         for (int oi = 0; oi < 6; oi++) {
             for (int ri = 0; ri < 9; ri++) {
@@ -169,26 +174,30 @@ TEST(gemm_q4_0_x16_same_bits_as_plain) {
                 memset(y1, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
                 ks.matmul[QUANT_TYPE_Q4_0](w, wrow, &act, 0, n_rows, y0, n_out, 0, n_out);
                 ks.matmul_packed[QUANT_TYPE_Q4_0](p, tp.nb[1], &act, 0, n_rows, y1, n_out, 0, n_out);
-                int bad = q4x_cmp(t, y1, y0, n_out, n_rows, extreme ? "packed vs plain (extreme)" : "packed vs plain", n_in);
+                int bad = q4x_cmp(t, y1, y0, n_out, n_rows, extreme ? "packed vs plain (extreme)" : "packed vs plain",
+                                  level, n_in);
                 for (int64_t i = 0; i < n_out * n_rows && !bad; i++) {
-                    if (!isfinite(y1[i])) bad = q4x_cmp(t, y1, y1, 1, 1, "non-finite", n_in) + 1;
+                    if (!isfinite(y1[i])) bad = q4x_cmp(t, y1, y1, 1, 1, "non-finite", level, n_in) + 1;
                 }
-                if (ri < 5) { /* the references, on the same activations */
+                if (ri < 5 && level == Q4X_LEVEL1) { /* the references, on the same activations */
                     cpu_matmul_q_ref(QUANT_TYPE_Q4_0, w, wrow, &act, 0, n_rows, y0, n_out, 0, n_out);
                     cpu_matmul_q4_0_x16_ref(p, tp.nb[1], &act, 0, n_rows, y1, n_out, 0, n_out);
-                    q4x_cmp(t, y1, y0, n_out, n_rows, "packed ref vs plain ref", n_in);
+                    q4x_cmp(t, y1, y0, n_out, n_rows, "packed ref vs plain ref", level, n_in);
                 }
                 free(mem); free(p); free(y1); free(y0); free(x); free(w);
             }
         }
     }
+    }
 }
 
 /* Every row range [a, a + nr) and output range [c, d) gives the full call's bits, nothing else. */
 TEST(gemm_q4_0_x16_batch_invariant) {
-    cpu_kernels ks;
-    if (!q4x_kernels(t, &ks)) return;
+    if (!q4x_any_level(t)) return;
     rng r = {4712};
+    for (int level = Q4X_LEVEL0; level <= Q4X_LEVEL1; level++) {
+    cpu_kernels ks;
+    if (!q4x_kernels(level, &ks)) continue;
     const int64_t n_in = 1536, n_out = 37, n_rows = 41;
     void *w = q4x_weight(&r, n_in, n_out, false);
     float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
@@ -213,29 +222,29 @@ TEST(gemm_q4_0_x16_batch_invariant) {
             uint32_t u;
             memcpy(&u, &y2[i], 4);
             if ((!inside && u != 0xffffffffu) || (inside && memcmp(&y2[i], &y[i], 4) != 0)) {
-                test_fail(t, __FILE__, __LINE__, "rows [%lld, %lld) outputs [%lld, %lld): row %lld out %lld %s",
-                          (long long)a, (long long)(a + nr), (long long)c, (long long)dd, (long long)row, (long long)o,
+                test_fail(t, __FILE__, __LINE__, "%s: rows [%lld, %lld) outputs [%lld, %lld): row %lld out %lld %s",
+                          k_level_names[level], (long long)a, (long long)(a + nr), (long long)c, (long long)dd, (long long)row, (long long)o,
                           inside ? "differs from the full call" : "written");
                 bad = 1;
             }
         }
     }
     free(mem); free(p); free(y2); free(y); free(x); free(w);
+    }
 }
 
 TEST(gemm_q4_0_x16_ops_and_validation) {
-    if (!level_available(Q4X_LEVEL)) {
-        test_skip(t, "no AVX-512 VNNI on this CPU: Q4_0 is packed by the AVX-512 kernels only");
-        return;
-    }
+    if (!q4x_any_level(t)) return;
     rng r = {78};
+    for (int level = Q4X_LEVEL0; level <= Q4X_LEVEL1; level++) {
+    if (!level_available(level)) continue;
     const int64_t n_in = 1024, n_out = 203, n_rows = 19;
     void *w = q4x_weight(&r, n_in, n_out, false);
     float *x = malloc((size_t)(n_in * n_rows) * sizeof(float));
     float *y = malloc((size_t)(n_out * n_rows) * sizeof(float));
     REQUIRE(w && x && y);
     fill_f32(&r, x, n_in * n_rows, 1.0f);
-    backend *be = make_backend(2, Q4X_LEVEL, false);
+    backend *be = make_backend(2, level, false);
     REQUIRE(be != NULL);
     tensor tw = tensor_2d(QUANT_TYPE_Q4_0, w, n_in, n_out);
     const size_t psz = backend_weight_pack_size(be, &tw);
@@ -271,9 +280,9 @@ TEST(gemm_q4_0_x16_ops_and_validation) {
     m.src[0].ne[0] = 544; /* not whole groups */
     error_clear(&err);
     CHECK(backend_op_validate(be, &m, &err) == DFL_ERR_INVALID);
-    /* a backend whose kernels do not read the layout (AVX2) refuses it, with a message */
-    if (level_available(1)) {
-        backend *b2 = make_backend(1, 1, false);
+    /* a backend whose kernels do not read the layout (the scalar level) refuses it, with a message */
+    {
+        backend *b2 = make_backend(1, 0, false);
         REQUIRE(b2 != NULL);
         CHECK_EQ_INT(backend_weight_pack_size(b2, &tw), 0);
         error_clear(&err);
@@ -284,6 +293,7 @@ TEST(gemm_q4_0_x16_ops_and_validation) {
     free(p);
     backend_free(be);
     free(y); free(x); free(w);
+    }
 }
 
 static void q4x_check_packed(test_ctx *t, dfl_context *c) {
@@ -293,12 +303,9 @@ static void q4x_check_packed(test_ctx *t, dfl_context *c) {
 }
 
 /* A Q4_0 model with packable dimensions: the same logits and tokens with and without the packed
- * copy (on this machine's best level, which packs Q4_0 only with AVX-512). */
+ * copy (on this machine's best level). */
 TEST(gemm_q4_0_x16_model_same_logits) {
-    if (!level_available(Q4X_LEVEL)) {
-        test_skip(t, "no AVX-512 VNNI on this CPU: Q4_0 is packed by the AVX-512 kernels only");
-        return;
-    }
+    if (!q4x_any_level(t)) return;
     char target[512], drafter[512];
     if (!tu_make_models(t, "q4x", "--n-embd 512 --n-layer 2 --n-head 4 --n-head-kv 2 --head-dim 128 --n-ff 1536 "
                         "--n-vocab 700 --draft-layers 1 --block-size 4 --type q4_0",

@@ -52,7 +52,7 @@ typedef struct tensor {
  * k*64 + j*4 + e is value 4k + e of block j plus 128 (as an unsigned byte; k 0..7, j 0..15,
  * e 0..3), followed by the n_in / 32 block scales (f16, block order). The same bytes as the row's
  * Q8_0 blocks, transposed like the prepared Q8_0 activations (docs/quantization.md).
- * TENSOR_LAYOUT_Q4_0_X16 (CPU, AVX-512): a Q4_0 weight with n_in a multiple of 512; row o (nb[1]
+ * TENSOR_LAYOUT_Q4_0_X16 (CPU, AVX2 and AVX-512): a Q4_0 weight with n_in a multiple of 512; row o (nb[1]
  * bytes apart, a multiple of 64) holds its n_in / 512 groups of 16 blocks, each as 256 bytes where
  * byte k*64 + j*4 + e is byte 4k + e of block j's quants as stored (low nibble: value 4k + e, high
  * nibble: value 16 + 4k + e; k 0..3), followed by the n_in / 32 block scales (f16, block order).

@@ -289,10 +289,13 @@ void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64
 /* Scalar reference of the packed layout: the same f64 sums as cpu_matmul_q_ref on the plain rows. */
 void cpu_matmul_q8_0_x16_ref(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                              int64_t ds, int64_t o0, int64_t o1);
-/* The same three for Q4_0 (TENSOR_LAYOUT_Q4_0_X16; AVX-512 only: cpu_gemm_q8_0_x16_avx512.c). */
+/* The same for Q4_0 (TENSOR_LAYOUT_Q4_0_X16; AVX2 and AVX-512: cpu_kernels_avx2.c,
+ * cpu_gemm_q8_0_x16_avx512.c). */
 void cpu_pack_q4_0_x16_row(uint8_t *dst, const block_q4_0 *src, int64_t n_in);
 void cpu_mm_q4_0_x16_avx512(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                             int64_t ds, int64_t o0, int64_t o1);
+void cpu_mm_q4_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                          int64_t ds, int64_t o0, int64_t o1);
 void cpu_matmul_q4_0_x16_ref(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                              int64_t ds, int64_t o0, int64_t o1);
 

@@ -6,7 +6,9 @@
  * - Q8_0 / Q4_0: each half of a transposed group (blocks 0-7, 8-15) is one 32-byte slice of the
  *   group's 64-byte vectors; 8 weight blocks are transposed to match, lane j = block j. Q8_0 uses
  *   the sign trick (|w| x sign(x, w) with vpmaddubsw, no saturation since |x| <= 127), Q4_0
- *   nibbles x int8 directly (the -8 offset through the block sums).
+ *   nibbles x int8 directly (the -8 offset through the block sums). Packed rows (Q8_0_X16,
+ *   Q4_0_X16: cpu_pack.c) are already in lane order: a load (and an xor, or a mask and a shift)
+ *   per weight vector instead of the transpose.
  * - Q4_K / Q6_K: in cpu_gemm_kquant_avx2.c (weight rows in lanes, one decode per super-block of 8
  *   weight rows for all activation rows).
  * - F32 / F16 / BF16: cpu_gemm_float_avx2.c. */
@@ -323,6 +325,57 @@ T2 INL void q80_x16_tile2(const uint8_t *wrow, const cpu_act *act, int64_t r0, c
     for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
 }
 
+/* The same output from a Q4_0 row packed as TENSOR_LAYOUT_Q4_0_X16 (cpu_pack.c): half h of a
+ * group is the 32-byte slice h of each of its four 64-byte vectors, lane j = block 8h + j; weight
+ * vector k is the low nibbles of vector k (values 4k .. 4k+3) or, for k >= 4, the high nibbles of
+ * vector k - 4: q80_half's transpose becomes a load, a mask and a shift. k outer, the NT rows
+ * inner; the int16 sums are exact in any order, so the bits are q80_tile2's (Q4). pf: the first
+ * row tile of the output prefetches 512 bytes (two groups) ahead in the row. */
+T2 INL void q40_x16_tile2(const uint8_t *wrow, const cpu_act *act, int64_t r0, const int NT, float *dst, int64_t ds,
+                          int64_t o, bool pf) {
+    const int64_t nb = act->n_in / QK8_0, nbp = act->row_len / QK8_0;
+    const int64_t ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f);
+    for (int64_t g = 0; g < ng; g++) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const int64_t b0 = g * CPU_Q8_0_GROUP + 8 * h;
+            if (nb - b0 <= 0) break; /* padding blocks contribute 0 */
+            const uint8_t *gh = wrow + g * (CPU_Q8_0_GROUP_VALUES / 2) + 32 * h;
+            if (pf && h == 0) {
+                for (int k = 0; k < 4; k++) _mm_prefetch((const char *)gh + 512 + 64 * k, _MM_HINT_T0);
+            }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wrow + act->n_in / 2 + 2 * b0)));
+            const int8_t *xq0 = act->qs + r0 * act->row_len + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
+            __m256i p16[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < NT; r++) p16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int k = 0; k < 8; k++) {
+                const __m256i c = _mm256_loadu_si256((const __m256i *)(gh + 64 * (k % 4)));
+                const __m256i wk = _mm256_and_si256(k < 4 ? c : _mm256_srli_epi16(c, 4), low);
+#pragma GCC unroll 8
+                for (int r = 0; r < NT; r++) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq0 + r * act->row_len + 64 * k));
+                    p16[r] = _mm256_add_epi16(p16[r], _mm256_maddubs_epi16(wk, x));
+                }
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < NT; r++) {
+                const __m256i ns = _mm256_loadu_si256((const __m256i *)(act->ns + (r0 + r) * nbp + b0));
+                const __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16[r], ones), _mm256_slli_epi32(ns, 3));
+                const __m256 dx = _mm256_loadu_ps(act->d + (r0 + r) * nbp + b0);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[r]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
+}
+
 #define TILE_SWITCH8(NT_VAR, CALL)                                                                    \
     switch (NT_VAR) {                                                                                 \
     case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
@@ -375,6 +428,23 @@ T2 void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, in
         for (int64_t rt = r0; rt < r0 + nr; rt += Q80_X16_ROWS) {
             const int nt = r0 + nr - rt >= Q80_X16_ROWS ? Q80_X16_ROWS : (int)(r0 + nr - rt);
 #define CALL(N) q80_x16_tile2(wrow, act, rt, N, dst, ds, o, rt == r0)
+#if Q80_X16_ROWS <= 4
+            TILE_SWITCH4(nt, CALL)
+#else
+            TILE_SWITCH8(nt, CALL)
+#endif
+#undef CALL
+        }
+    }
+}
+
+T2 void cpu_mm_q4_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
+        for (int64_t rt = r0; rt < r0 + nr; rt += Q80_X16_ROWS) {
+            const int nt = r0 + nr - rt >= Q80_X16_ROWS ? Q80_X16_ROWS : (int)(r0 + nr - rt);
+#define CALL(N) q40_x16_tile2(wrow, act, rt, N, dst, ds, o, rt == r0)
 #if Q80_X16_ROWS <= 4
             TILE_SWITCH4(nt, CALL)
 #else
@@ -594,6 +664,10 @@ void cpu_kernels_init_avx2(cpu_kernels *k) {
     k->matmul[QUANT_TYPE_Q8_0] = mm_q8_0_avx2;
     k->matmul_packed[QUANT_TYPE_Q8_0] = cpu_mm_q8_0_x16_avx2;
     k->pack_layout[QUANT_TYPE_Q8_0] = TENSOR_LAYOUT_Q8_0_X16;
+    k->matmul_packed[QUANT_TYPE_Q4_0] = cpu_mm_q4_0_x16_avx2;
+    k->pack_layout[QUANT_TYPE_Q4_0] = TENSOR_LAYOUT_Q4_0_X16;
+    k->matmul_packed[QUANT_TYPE_Q4_0] = cpu_mm_q4_0_x16_avx2;
+    k->pack_layout[QUANT_TYPE_Q4_0] = TENSOR_LAYOUT_Q4_0_X16;
     k->matmul[QUANT_TYPE_Q4_0] = mm_q4_0_avx2;
     cpu_kernels_init_kquant_avx2(k); /* Q4_K, Q6_K (cpu_gemm_kquant_avx2.c) */
     k->act_row[QUANT_TYPE_F32] = act_row_f32_avx2;
@@ -614,5 +688,9 @@ void cpu_kernels_init_avx2(cpu_kernels *k) { (void)k; }
 void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                           int64_t ds, int64_t o0, int64_t o1) {
     cpu_matmul_q8_0_x16_ref(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+}
+void cpu_mm_q4_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                          int64_t ds, int64_t o0, int64_t o1) {
+    cpu_matmul_q4_0_x16_ref(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 #endif

@@ -5,7 +5,7 @@
  *   group with eight plain 64-byte loads instead of transposing and gathering 16 blocks in every
  *   matmul (decode, verify, prefill alike). Same byte count as the Q8_0 row; rows are padded to 64
  *   bytes (32 extra bytes for an odd number of groups).
- * - TENSOR_LAYOUT_Q4_0_X16: the same for Q4_0 (AVX-512 only): a group's 16 blocks of 16 quant
+ * - TENSOR_LAYOUT_Q4_0_X16: the same for Q4_0 (AVX2 and AVX-512): a group's 16 blocks of 16 quant
  *   bytes as 4 vectors of 64 bytes whose lane j holds dword k of block j as stored (its low nibbles
  *   are values 4k .. 4k+3, its high nibbles 16 + 4k ..), then the scales; the kernel splits the
  *   nibbles with a mask and a shift where the plain kernel transposes 16 blocks per group.
@@ -25,8 +25,8 @@
  *   pairs together with one shift and one OR. Same bytes as the rows, plus the padding.
  * The first four give the same bits as plain weights (the kernels do the same integer and f32
  * operations on the same values). A type is packed only where the level has a kernel for it
- * (cpu_kernels.pack_layout names the layout): Q8_0 at every level, Q4_0 at AVX-512, Q4_K / Q6_K at
- * AVX2 and AVX-512, F16 / BF16 with AMX-BF16 (whose tiles sum differently from the plain F16 kernels: every
+ * (cpu_kernels.pack_layout names the layout): Q8_0 at every level, Q4_0, Q4_K and Q6_K at AVX2 and
+ * AVX-512, F16 / BF16 with AMX-BF16 (whose tiles sum differently from the plain F16 kernels: every
  * row count of such a backend takes them, so a row's result still does not depend on its batch). */
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"

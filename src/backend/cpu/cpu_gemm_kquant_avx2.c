@@ -422,6 +422,33 @@ T2 INL void kq2_fused_rows(const uint8_t *R, const int Q6, int h, const cpu_act 
     }
 }
 
+/* Half h of record R (super-block sb) for the rows rc .. rc + nrc - 1, tile by tile into acc (8
+ * floats per row): the first tile prefetches pf (the next group's record sb, L lines). */
+T2 INL void kq2_fused_tiles(const uint8_t *R, const int Q6, int h, const cpu_act *act, int64_t sb, int64_t rc,
+                            int64_t nrc, float *acc, const char *pf, int L) {
+    for (int64_t rt = 0; rt < nrc; rt += KQ2_NT) {
+        const int nt = nrc - rt >= KQ2_NT ? KQ2_NT : (int)(nrc - rt);
+        float *a = acc + 8 * rt;
+#define FUSED(N, PF) kq2_fused_rows(R, Q6, h, act, sb, rc + rt, N, a, PF, pf, L)
+        if (rt == 0) { /* the first tile prefetches */
+            switch (nt) {
+            case 1: FUSED(1, 1); break;
+            case 2: FUSED(2, 1); break;
+            case 3: FUSED(3, 1); break;
+            default: FUSED(4, 1); break;
+            }
+        } else {
+            switch (nt) {
+            case 1: FUSED(1, 0); break;
+            case 2: FUSED(2, 0); break;
+            case 3: FUSED(3, 0); break;
+            default: FUSED(4, 0); break;
+            }
+        }
+#undef FUSED
+    }
+}
+
 /* The fused rows of both halves of a 16-row group (X16, o % 16 == 0, both halves in the output
  * range), record by record: half 0 then half 1 of each record, each half into its own
  * accumulators, so that a record's lines are used whole while they are in L1 (half by half over
@@ -440,29 +467,7 @@ T2 INL void kq2_group_pair(const uint8_t *grp, const int Q6, const cpu_act *act,
         for (int64_t sb = 0; sb < nsb; sb++) {
             const uint8_t *R = grp + (size_t)sb * rec;
             const char *pf = (const char *)R + (size_t)nsb * rec; /* the next group's record sb */
-            for (int h = 0; h < 2; h++) {
-                for (int64_t rt = 0; rt < nrc; rt += KQ2_NT) {
-                    const int nt = nrc - rt >= KQ2_NT ? KQ2_NT : (int)(nrc - rt);
-                    float *a = acc[h] + 8 * rt;
-#define FUSED(N, PF) kq2_fused_rows(R, Q6, h, act, sb, rc + rt, N, a, PF, pf, L)
-                    if (rt == 0) { /* the first tile prefetches */
-                        switch (nt) {
-                        case 1: FUSED(1, 1); break;
-                        case 2: FUSED(2, 1); break;
-                        case 3: FUSED(3, 1); break;
-                        default: FUSED(4, 1); break;
-                        }
-                    } else {
-                        switch (nt) {
-                        case 1: FUSED(1, 0); break;
-                        case 2: FUSED(2, 0); break;
-                        case 3: FUSED(3, 0); break;
-                        default: FUSED(4, 0); break;
-                        }
-                    }
-#undef FUSED
-                }
-            }
+            for (int h = 0; h < 2; h++) kq2_fused_tiles(R, Q6, h, act, sb, rc, nrc, acc[h], pf, L);
         }
         for (int64_t r = 0; r < nrc; r++) {
             _mm256_storeu_ps(dst + (rc + r) * ds + o, _mm256_load_ps(acc[0] + 8 * r));
@@ -517,27 +522,7 @@ T2 INL void mm_kq_avx2(const void *w, size_t w_nb1, const int Q6, const int X16,
                     if (!Q6 || nrc <= KQ2_FUSED_Q6) { /* decode in registers, per row tile */
                         const uint8_t *R = grp + (size_t)sb * rec;
                         const char *pf = (const char *)R + (size_t)nsb * rec; /* the next group's record sb */
-                        for (int64_t rt = 0; rt < nrc; rt += KQ2_NT) {
-                            const int nt = nrc - rt >= KQ2_NT ? KQ2_NT : (int)(nrc - rt);
-                            float *a = acc + 8 * rt;
-#define FUSED(N, PF) kq2_fused_rows(R, Q6, half, act, sb, rc + rt, N, a, PF, pf, L)
-                            if (rt == 0) { /* the first tile prefetches */
-                                switch (nt) {
-                                case 1: FUSED(1, 1); break;
-                                case 2: FUSED(2, 1); break;
-                                case 3: FUSED(3, 1); break;
-                                default: FUSED(4, 1); break;
-                                }
-                            } else {
-                                switch (nt) {
-                                case 1: FUSED(1, 0); break;
-                                case 2: FUSED(2, 0); break;
-                                case 3: FUSED(3, 0); break;
-                                default: FUSED(4, 0); break;
-                                }
-                            }
-#undef FUSED
-                        }
+                        kq2_fused_tiles(R, Q6, half, act, sb, rc, nrc, acc, pf, L);
                         continue;
                     }
                     const char *pf = (const char *)grp + (size_t)(sb + KQ2_PF) * rec + 32 * (size_t)half;

@@ -421,13 +421,18 @@ T2 static void mm_q4_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
     case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); break; \
     }
 
-T2 void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
-                             int64_t ds, int64_t o0, int64_t o1) {
+/* Q4: Q4_0_X16 rows (q40_x16_tile2), else Q8_0_X16 (q80_x16_tile2). */
+T2 INL void mm_x16_avx2(const void *w, size_t w_nb1, const int Q4, const cpu_act *act, int64_t r0, int64_t nr,
+                        float *dst, int64_t ds, int64_t o0, int64_t o1) {
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += Q80_X16_ROWS) {
             const int nt = r0 + nr - rt >= Q80_X16_ROWS ? Q80_X16_ROWS : (int)(r0 + nr - rt);
-#define CALL(N) q80_x16_tile2(wrow, act, rt, N, dst, ds, o, rt == r0)
+#define CALL(N)                                                                                     \
+    do {                                                                                            \
+        if (Q4) q40_x16_tile2(wrow, act, rt, N, dst, ds, o, rt == r0);                              \
+        else q80_x16_tile2(wrow, act, rt, N, dst, ds, o, rt == r0);                                 \
+    } while (0)
 #if Q80_X16_ROWS <= 4
             TILE_SWITCH4(nt, CALL)
 #else
@@ -438,21 +443,14 @@ T2 void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, in
     }
 }
 
+T2 void cpu_mm_q8_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    mm_x16_avx2(w, w_nb1, 0, act, r0, nr, dst, ds, o0, o1);
+}
+
 T2 void cpu_mm_q4_0_x16_avx2(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                              int64_t ds, int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; o++) {
-        const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
-        for (int64_t rt = r0; rt < r0 + nr; rt += Q80_X16_ROWS) {
-            const int nt = r0 + nr - rt >= Q80_X16_ROWS ? Q80_X16_ROWS : (int)(r0 + nr - rt);
-#define CALL(N) q40_x16_tile2(wrow, act, rt, N, dst, ds, o, rt == r0)
-#if Q80_X16_ROWS <= 4
-            TILE_SWITCH4(nt, CALL)
-#else
-            TILE_SWITCH8(nt, CALL)
-#endif
-#undef CALL
-        }
-    }
+    mm_x16_avx2(w, w_nb1, 1, act, r0, nr, dst, ds, o0, o1);
 }
 
 /* Q4_K / Q6_K weights: cpu_gemm_kquant_avx2.c; F32 / F16 / BF16 weights: cpu_gemm_float_avx2.c. */

@@ -174,12 +174,18 @@ static double dot_row_q8_0_x16(const uint8_t *wrow, const cpu_act *act, int64_t 
     return sum;
 }
 
-void cpu_matmul_q8_0_x16_ref(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
-                             int64_t ds, int64_t o0, int64_t o1) {
+/* dst[r][o] = dot(row o, activation row r) for the rows and outputs of a call. */
+static void matmul_rows_ref(double (*dot)(const uint8_t *, const cpu_act *, int64_t), const void *w, size_t w_nb1,
+                            const cpu_act *act, int64_t r0, int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1) {
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
-        for (int64_t r = r0; r < r0 + nr; r++) dst[r * ds + o] = (float)dot_row_q8_0_x16(wrow, act, r);
+        for (int64_t r = r0; r < r0 + nr; r++) dst[r * ds + o] = (float)dot(wrow, act, r);
     }
+}
+
+void cpu_matmul_q8_0_x16_ref(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
+                             int64_t ds, int64_t o0, int64_t o1) {
+    matmul_rows_ref(dot_row_q8_0_x16, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 
 /* One packed Q4_0 x16 row (cpu_pack.c) against activation row r: the f64 sum of dot_row (the high
@@ -206,10 +212,7 @@ static double dot_row_q4_0_x16(const uint8_t *wrow, const cpu_act *act, int64_t 
 
 void cpu_matmul_q4_0_x16_ref(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                              int64_t ds, int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; o++) {
-        const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
-        for (int64_t r = r0; r < r0 + nr; r++) dst[r * ds + o] = (float)dot_row_q4_0_x16(wrow, act, r);
-    }
+    matmul_rows_ref(dot_row_q4_0_x16, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 
 /* Q6K_X16V (cpu_pack.c): the 256 values (-32..31) of row i of a record, from its 3-dword groups. */

@@ -274,36 +274,49 @@ T2 INL void q80_tile2(const void *wrow, const int Q4, const cpu_act *act, int64_
     for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
 }
 
-/* The same output from a Q8_0 row packed as TENSOR_LAYOUT_Q8_0_X16 (cpu_pack.c): half h of a
- * group is the 32-byte slice h of each of its eight 64-byte vectors, already in lane order
- * (q + 128), so q80_half's transpose becomes a load and an xor per vector, taken one vector at a
- * time (k outer, the NT rows inner: one weight vector and its magnitudes live at a time, NT int
- * sums). The int sums are exact in any order, so the bits are q80_tile2's. pf: this is the first
- * row tile of the output, which prefetches 1 KiB ahead in the row (Zen 2 needs it). */
-T2 INL void q80_x16_tile2(const uint8_t *wrow, const cpu_act *act, int64_t r0, const int NT, float *dst, int64_t ds,
-                          int64_t o, bool pf) {
+/* The same output from a row packed as TENSOR_LAYOUT_Q8_0_X16 or (Q4) Q4_0_X16 (cpu_pack.c): half h
+ * of a group is the 32-byte slice h of each of its 64-byte vectors, already in lane order (lane j =
+ * block 8h + j), so q80_half's transpose becomes a load per vector: Q8_0 q + 128, an xor away;
+ * Q4_0 vector k is the low nibbles of vector k (values 4k .. 4k+3) or, for k >= 4, the high
+ * nibbles of vector k - 4, a mask and a shift away. One weight vector at a time (k outer, the NT
+ * rows inner: one vector and its magnitudes live at a time, NT int sums). The int sums are exact
+ * in any order, so the bits are q80_tile2's. pf: this is the first row tile of the output, which
+ * prefetches two groups (Q8_0 1 KiB) ahead in the row (Zen 2 needs it). */
+T2 INL void q80_x16_tile2(const uint8_t *wrow, const int Q4, const cpu_act *act, int64_t r0, const int NT, float *dst,
+                          int64_t ds, int64_t o, bool pf) {
     const int64_t nb = act->n_in / QK8_0, nbp = act->row_len / QK8_0;
     const int64_t ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
+    const int64_t gbytes = Q4 ? CPU_Q8_0_GROUP_VALUES / 2 : CPU_Q8_0_GROUP_VALUES, sc_at = Q4 ? act->n_in / 2 : act->n_in;
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f);
     for (int64_t g = 0; g < ng; g++) {
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const int64_t b0 = g * CPU_Q8_0_GROUP + 8 * h;
             if (nb - b0 <= 0) break; /* padding blocks contribute 0 */
-            const uint8_t *gh = wrow + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
+            const uint8_t *gh = wrow + g * gbytes + 32 * h;
             if (pf && h == 0) {
-                for (int k = 0; k < 8; k++) _mm_prefetch((const char *)gh + 1024 + 64 * k, _MM_HINT_T0);
+                for (int k = 0; k < gbytes / 64; k++) _mm_prefetch((const char *)gh + 2 * gbytes + 64 * k, _MM_HINT_T0);
             }
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wrow + act->n_in + 2 * b0)));
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wrow + sc_at + 2 * b0)));
             const int8_t *xq0 = act->qs + r0 * act->row_len + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
-            __m256i isum[8];
+            __m256i isum[8]; /* Q4: int16 sums (nibble x int8 pairs stay below 2^15 over all 8 k) */
 #pragma GCC unroll 8
             for (int r = 0; r < NT; r++) isum[r] = _mm256_setzero_si256();
 #pragma GCC unroll 2
             for (int k = 0; k < 8; k++) {
+                if (Q4) {
+                    const __m256i c = _mm256_loadu_si256((const __m256i *)(gh + 64 * (k % 4)));
+                    const __m256i wk = _mm256_and_si256(k < 4 ? c : _mm256_srli_epi16(c, 4), low);
+#pragma GCC unroll 8
+                    for (int r = 0; r < NT; r++) {
+                        const __m256i x = _mm256_loadu_si256((const __m256i *)(xq0 + r * act->row_len + 64 * k));
+                        isum[r] = _mm256_add_epi16(isum[r], _mm256_maddubs_epi16(wk, x));
+                    }
+                    continue;
+                }
                 const __m256i wk =
                     _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(gh + 64 * k)), _mm256_set1_epi8((char)0x80));
                 const __m256i ak = _mm256_sign_epi8(wk, wk);
@@ -316,59 +329,12 @@ T2 INL void q80_x16_tile2(const uint8_t *wrow, const cpu_act *act, int64_t r0, c
             }
 #pragma GCC unroll 8
             for (int r = 0; r < NT; r++) {
+                if (Q4) { /* the int16 sums to int32, and the -8 offset through the block sums */
+                    const __m256i ns = _mm256_loadu_si256((const __m256i *)(act->ns + (r0 + r) * nbp + b0));
+                    isum[r] = _mm256_add_epi32(_mm256_madd_epi16(isum[r], ones), _mm256_slli_epi32(ns, 3));
+                }
                 const __m256 dx = _mm256_loadu_ps(act->d + (r0 + r) * nbp + b0);
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, dx), acc[r]);
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) dst[(r0 + r) * ds + o] = hsum8(acc[r]);
-}
-
-/* The same output from a Q4_0 row packed as TENSOR_LAYOUT_Q4_0_X16 (cpu_pack.c): half h of a
- * group is the 32-byte slice h of each of its four 64-byte vectors, lane j = block 8h + j; weight
- * vector k is the low nibbles of vector k (values 4k .. 4k+3) or, for k >= 4, the high nibbles of
- * vector k - 4: q80_half's transpose becomes a load, a mask and a shift. k outer, the NT rows
- * inner; the int16 sums are exact in any order, so the bits are q80_tile2's (Q4). pf: the first
- * row tile of the output prefetches 512 bytes (two groups) ahead in the row. */
-T2 INL void q40_x16_tile2(const uint8_t *wrow, const cpu_act *act, int64_t r0, const int NT, float *dst, int64_t ds,
-                          int64_t o, bool pf) {
-    const int64_t nb = act->n_in / QK8_0, nbp = act->row_len / QK8_0;
-    const int64_t ng = act->row_len / CPU_Q8_0_GROUP_VALUES;
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < NT; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f);
-    for (int64_t g = 0; g < ng; g++) {
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const int64_t b0 = g * CPU_Q8_0_GROUP + 8 * h;
-            if (nb - b0 <= 0) break; /* padding blocks contribute 0 */
-            const uint8_t *gh = wrow + g * (CPU_Q8_0_GROUP_VALUES / 2) + 32 * h;
-            if (pf && h == 0) {
-                for (int k = 0; k < 4; k++) _mm_prefetch((const char *)gh + 512 + 64 * k, _MM_HINT_T0);
-            }
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wrow + act->n_in / 2 + 2 * b0)));
-            const int8_t *xq0 = act->qs + r0 * act->row_len + g * CPU_Q8_0_GROUP_VALUES + 32 * h;
-            __m256i p16[8];
-#pragma GCC unroll 8
-            for (int r = 0; r < NT; r++) p16[r] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-            for (int k = 0; k < 8; k++) {
-                const __m256i c = _mm256_loadu_si256((const __m256i *)(gh + 64 * (k % 4)));
-                const __m256i wk = _mm256_and_si256(k < 4 ? c : _mm256_srli_epi16(c, 4), low);
-#pragma GCC unroll 8
-                for (int r = 0; r < NT; r++) {
-                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq0 + r * act->row_len + 64 * k));
-                    p16[r] = _mm256_add_epi16(p16[r], _mm256_maddubs_epi16(wk, x));
-                }
-            }
-#pragma GCC unroll 8
-            for (int r = 0; r < NT; r++) {
-                const __m256i ns = _mm256_loadu_si256((const __m256i *)(act->ns + (r0 + r) * nbp + b0));
-                const __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16[r], ones), _mm256_slli_epi32(ns, 3));
-                const __m256 dx = _mm256_loadu_ps(act->d + (r0 + r) * nbp + b0);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[r]);
             }
         }
     }
@@ -421,18 +387,14 @@ T2 static void mm_q4_0_avx2(const void *w, size_t w_nb1, const cpu_act *act, int
     case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); break; \
     }
 
-/* Q4: Q4_0_X16 rows (q40_x16_tile2), else Q8_0_X16 (q80_x16_tile2). */
+/* Q4: Q4_0_X16 rows, else Q8_0_X16 (q80_x16_tile2). */
 T2 INL void mm_x16_avx2(const void *w, size_t w_nb1, const int Q4, const cpu_act *act, int64_t r0, int64_t nr,
                         float *dst, int64_t ds, int64_t o0, int64_t o1) {
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
         for (int64_t rt = r0; rt < r0 + nr; rt += Q80_X16_ROWS) {
             const int nt = r0 + nr - rt >= Q80_X16_ROWS ? Q80_X16_ROWS : (int)(r0 + nr - rt);
-#define CALL(N)                                                                                     \
-    do {                                                                                            \
-        if (Q4) q40_x16_tile2(wrow, act, rt, N, dst, ds, o, rt == r0);                              \
-        else q80_x16_tile2(wrow, act, rt, N, dst, ds, o, rt == r0);                                 \
-    } while (0)
+#define CALL(N) q80_x16_tile2(wrow, Q4, act, rt, N, dst, ds, o, rt == r0)
 #if Q80_X16_ROWS <= 4
             TILE_SWITCH4(nt, CALL)
 #else

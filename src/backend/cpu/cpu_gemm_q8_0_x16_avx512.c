@@ -167,8 +167,8 @@ T512 INL void mm_x16(const void *w, size_t w_nb1, const int Q4, const cpu_act *a
     /* Q4_0 with more rows than Q4X_UNPACK_ROWS: each block of 4 weight rows unpacked once */
     const bool unpack = Q4 && nr > Q4X_UNPACK_ROWS && n_in <= Q4X_BUF_MAX_IN;
     const size_t bs = ((size_t)(n_in / QK8_0) * sizeof(block_q8_0) + 63) & ~(size_t)63;
-    /* [4 rows x bs] (unused, and dropped by the compiler, in the Q8_0 instance) */
-    uint8_t buf[1][4 * (Q4X_BUF_MAX_IN / QK8_0) * 34 + 64] __attribute__((aligned(64)));
+    /* [4 rows x bs], ~35 KiB of stack (unused, and dropped by the compiler, in the Q8_0 instance) */
+    uint8_t buf[4 * (Q4X_BUF_MAX_IN / QK8_0) * sizeof(block_q8_0) + 64] __attribute__((aligned(64)));
     for (int64_t o = o0; o < o1; o += 4) {
         const int no = o1 - o >= 4 ? 4 : (int)(o1 - o);
         /* the rows of the block Q8X_PREFETCH_BLOCKS ahead (within the range), a share per tile */
@@ -193,8 +193,8 @@ T512 INL void mm_x16(const void *w, size_t w_nb1, const int Q4, const cpu_act *a
         if (!Q4) {
             TILES(wrow, Q8X_W_Q8);
         } else if (unpack) {
-            q4x_unpack(wrow, w_nb1, no, n_in, buf[0], bs);
-            TILES(buf[0], Q8X_W_Q4_BYTES);
+            q4x_unpack(wrow, w_nb1, no, n_in, buf, bs);
+            TILES(buf, Q8X_W_Q4_BYTES);
         } else {
             TILES(wrow, Q8X_W_Q4);
         }

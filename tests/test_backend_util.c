@@ -286,6 +286,23 @@ int64_t first_bit_diff(const float *a, const float *b, int64_t n) {
     return -1;
 }
 
+bool range_call_ok(test_ctx *t, const char *what, const float *y2, const float *y, int64_t n_out, int64_t n_rows,
+                   int64_t a, int64_t nr, int64_t c, int64_t d) {
+    for (int64_t i = 0; i < n_out * n_rows; i++) {
+        const int64_t row = i / n_out, o = i % n_out;
+        const bool inside = row >= a && row < a + nr && o >= c && o < d;
+        uint32_t u;
+        memcpy(&u, &y2[i], 4);
+        if ((!inside && u != 0xffffffffu) || (inside && memcmp(&y2[i], &y[i], 4) != 0)) {
+            test_fail(t, __FILE__, __LINE__, "%s: rows [%lld, %lld) outputs [%lld, %lld): row %lld out %lld %s (%.9g, full call %.9g)",
+                      what, (long long)a, (long long)(a + nr), (long long)c, (long long)d, (long long)row, (long long)o,
+                      inside ? "differs from the full call" : "written", y2[i], y[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
 void *prep_act(const cpu_kernels *k, uint32_t wtype, cpu_act *act, const float *x, int64_t n_in, int64_t n_rows) {
     const cpu_dot_type dot = cpu_dot_type_of(wtype);
     const size_t bytes = cpu_act_bytes(dot, n_in, n_rows);

@@ -52,6 +52,11 @@ bool mm_ops_same_bits(backend *be, tensor w0, tensor w1, const float *x, int64_t
 
 /* The first i < n where a[i] and b[i] differ in any bit, or -1 (bit-exact comparisons). */
 int64_t first_bit_diff(const float *a, const float *b, int64_t n);
+/* A call over rows [a, a + nr) and outputs [c, d) wrote y2 [n_rows, n_out] (poisoned with 0xff
+ * bytes before): true when those outputs have y's bits (the full call) and nothing else was
+ * written; else fails t once with what and the first wrong place. */
+bool range_call_ok(test_ctx *t, const char *what, const float *y2, const float *y, int64_t n_out, int64_t n_rows,
+                   int64_t a, int64_t nr, int64_t c, int64_t d);
 
 /* Random content for a [n_in, n_out] weight of `type` at w (every block field random, scales sane). */
 void fill_weight(rng *r, uint32_t type, uint8_t *w, int64_t n_in, int64_t n_out);

@@ -40,6 +40,10 @@ static size_t x16_stride(uint32_t type, int64_t n_in) { return (x16_row_bytes(ty
 
 /* The kernels of a level for type, or false when the CPU lacks the level or the level does not
  * pack the type. */
+static uint32_t tp_layout_of(uint32_t type) {
+    return type == QUANT_TYPE_Q4_0 ? TENSOR_LAYOUT_Q4_0_X16 : TENSOR_LAYOUT_Q8_0_X16;
+}
+
 static bool x16_level(int level, uint32_t type, cpu_kernels *k) {
     if (!level_available(level)) return false;
     cpu_kernels_select(k, cpu_features_detect() & ~level_disable(level));
@@ -82,66 +86,80 @@ static void x16_ref(uint32_t type, const void *w, size_t w_nb1, const cpu_act *a
     else cpu_matmul_q8_0_x16_ref(w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 
-TEST(gemm_q8_0_x16_layout) {
-    rng r = {31};
+/* Packed rows byte for byte: quant byte j (Q8_0: 0..31, as q + 128; Q4_0: 0..15, as stored) of
+ * block b at group b / 16, then (j / 4) * 64 + (b % 16) * 4 + j % 4; the scales after the quants;
+ * zero padding. */
+static void x16_check_layout(test_ctx *t, const cpu_kernels *k, uint32_t type, rng *r) {
+    const bool q4 = type == QUANT_TYPE_Q4_0;
     const int64_t k_n[3] = {512, 1536, 2048};
     for (int ni = 0; ni < 3; ni++) {
         const int64_t n_in = k_n[ni], n_out = 3, nb = n_in / 32;
-        block_q8_0 *w = make_weight(&r, QUANT_TYPE_Q8_0, n_in, n_out);
+        const int qb = q4 ? 16 : 32;                   /* quant bytes per block */
+        const size_t bb = x16_row_bytes(type, 32);     /* bytes per block */
+        const uint8_t *w = make_weight(r, type, n_in, n_out);
         tensor tp;
-        cpu_kernels kr;
-        cpu_kernels_init_ref(&kr); /* every level packs Q8_0 */
-        uint8_t *p = x16_pack(&kr, QUANT_TYPE_Q8_0, w, n_in, n_out, &tp);
-        CHECK_EQ_INT(tp.layout, TENSOR_LAYOUT_Q8_0_X16);
-        CHECK_EQ_INT(tp.type, QUANT_TYPE_Q8_0);
-        CHECK_EQ_INT(tp.nb[1], x16_stride(QUANT_TYPE_Q8_0, n_in));
+        uint8_t *p = x16_pack(k, type, w, n_in, n_out, &tp);
+        CHECK_EQ_INT(tp.layout, q4 ? TENSOR_LAYOUT_Q4_0_X16 : TENSOR_LAYOUT_Q8_0_X16);
+        CHECK_EQ_INT(tp.type, type);
+        CHECK_EQ_INT(tp.nb[1], x16_stride(type, n_in));
         CHECK_EQ_INT(tp.nb[1] % 64, 0);
         CHECK_EQ_INT(tp.ne[0], n_in);
         CHECK_EQ_INT(tp.ne[1], n_out);
         int bad = 0;
         for (int64_t o = 0; o < n_out && !bad; o++) {
             const uint8_t *row = p + (size_t)o * tp.nb[1];
-            for (int64_t i = 0; i < n_in && !bad; i++) {
-                const int8_t q = w[o * nb + i / 32].qs[i % 32];
-                const int64_t at = (i / 512) * 512 + ((i % 32) / 4) * 64 + ((i / 32) % 16) * 4 + i % 4;
-                if (row[at] != (uint8_t)(q + 128)) {
-                    test_fail(t, __FILE__, __LINE__, "n_in %lld row %lld value %lld: byte %lld = %u, expected %u",
-                              (long long)n_in, (long long)o, (long long)i, (long long)at, row[at], (uint8_t)(q + 128));
-                    bad = 1;
-                }
-            }
             for (int64_t b = 0; b < nb && !bad; b++) {
-                uint16_t d;
-                memcpy(&d, row + n_in + 2 * b, 2);
-                CHECK_MSG(d == w[o * nb + b].d, "n_in %lld row %lld: scale %lld = %04x, expected %04x", (long long)n_in,
-                          (long long)o, (long long)b, d, w[o * nb + b].d);
-                if (d != w[o * nb + b].d) bad = 1;
+                const uint8_t *blk = w + (size_t)(o * nb + b) * bb; /* d (f16), then the quants */
+                for (int j = 0; j < qb && !bad; j++) {
+                    const int64_t at = (b / 16) * 16 * qb + (j / 4) * 64 + (b % 16) * 4 + j % 4;
+                    const uint8_t want = q4 ? blk[2 + j] : (uint8_t)(blk[2 + j] ^ 0x80); /* Q8_0: q + 128 */
+                    if (row[at] != want) {
+                        test_fail(t, __FILE__, __LINE__, "%s n_in %lld row %lld block %lld byte %d: at %lld = %02x, expected %02x",
+                                  quant_type_get(type)->name, (long long)n_in, (long long)o, (long long)b, j, (long long)at,
+                                  row[at], want);
+                        bad = 1;
+                    }
+                }
+                uint16_t d, dw;
+                memcpy(&d, row + (size_t)(nb * qb) + 2 * b, 2);
+                memcpy(&dw, blk, 2);
+                CHECK_MSG(d == dw, "%s n_in %lld row %lld: scale %lld = %04x, expected %04x", quant_type_get(type)->name,
+                          (long long)n_in, (long long)o, (long long)b, d, dw);
+                if (d != dw) bad = 1;
             }
-            for (size_t i = (size_t)nb * 34; i < tp.nb[1] && !bad; i++) {
-                CHECK_MSG(row[i] == 0, "n_in %lld row %lld: padding byte %zu = %u", (long long)n_in, (long long)o, i, row[i]);
+            for (size_t i = (size_t)nb * bb; i < tp.nb[1] && !bad; i++) {
+                CHECK_MSG(row[i] == 0, "%s n_in %lld row %lld: padding byte %zu = %u", quant_type_get(type)->name,
+                          (long long)n_in, (long long)o, i, row[i]);
                 if (row[i] != 0) bad = 1;
             }
         }
         free(p);
-        free(w);
+        free((void *)w);
     }
-    /* what is not packable: rows not a multiple of 16 blocks, other types, strided rows */
+    /* not packable: rows not a multiple of 16 blocks, strided rows, a packed view */
     uint8_t dummy[64] __attribute__((aligned(64)));
+    tensor a = tensor_2d(type, dummy, 544, 4);
+    CHECK_EQ_INT(cpu_weight_pack_size(k, &a), 0);
+    tensor c = tensor_2d(type, dummy, 512, 4);
+    c.nb[1] += x16_row_bytes(type, 32);
+    CHECK_EQ_INT(cpu_weight_pack_size(k, &c), 0);
+    tensor e = tensor_2d(type, dummy, 512, 4);
+    CHECK(cpu_weight_pack_size(k, &e) > 0);
+    e.layout = tp_layout_of(type);
+    CHECK_EQ_INT(cpu_weight_pack_size(k, &e), 0); /* packed already */
+}
+
+TEST(gemm_q8_0_x16_layout) {
+    rng r = {31};
     cpu_kernels k;
-    cpu_kernels_init_ref(&k);
-    tensor a = tensor_2d(QUANT_TYPE_Q8_0, dummy, 544, 4);
-    CHECK_EQ_INT(cpu_weight_pack_size(&k, &a), 0);
+    cpu_kernels_init_ref(&k); /* every level packs Q8_0 */
+    x16_check_layout(t, &k, QUANT_TYPE_Q8_0, &r);
+    /* the scalar level packs no other type */
+    uint8_t dummy[64] __attribute__((aligned(64)));
     tensor b = tensor_2d(QUANT_TYPE_F16, dummy, 512, 4);
     CHECK_EQ_INT(cpu_weight_pack_size(&k, &b), 0);
-    tensor c = tensor_2d(QUANT_TYPE_Q8_0, dummy, 512, 4);
-    c.nb[1] += 34;
-    CHECK_EQ_INT(cpu_weight_pack_size(&k, &c), 0);
     tensor d = tensor_2d(QUANT_TYPE_Q4_0, dummy, 512, 4);
     CHECK_EQ_INT(cpu_weight_pack_size(&k, &d), 0);
-    tensor e = tensor_2d(QUANT_TYPE_Q8_0, dummy, 512, 4);
-    CHECK(cpu_weight_pack_size(&k, &e) > 0);
-    e.layout = TENSOR_LAYOUT_Q8_0_X16;
-    CHECK_EQ_INT(cpu_weight_pack_size(&k, &e), 0); /* packed already */
 }
 
 TEST(gemm_q4_0_x16_layout) {
@@ -151,57 +169,7 @@ TEST(gemm_q4_0_x16_layout) {
         return;
     }
     rng r = {41};
-    const int64_t k_n[3] = {512, 1536, 2048};
-    for (int ni = 0; ni < 3; ni++) {
-        const int64_t n_in = k_n[ni], n_out = 3, nb = n_in / 32;
-        block_q4_0 *w = make_weight(&r, QUANT_TYPE_Q4_0, n_in, n_out);
-        tensor tp;
-        uint8_t *p = x16_pack(&k, QUANT_TYPE_Q4_0, w, n_in, n_out, &tp);
-        CHECK_EQ_INT(tp.layout, TENSOR_LAYOUT_Q4_0_X16);
-        CHECK_EQ_INT(tp.type, QUANT_TYPE_Q4_0);
-        CHECK_EQ_INT(tp.nb[1], x16_stride(QUANT_TYPE_Q4_0, n_in));
-        int bad = 0;
-        for (int64_t o = 0; o < n_out && !bad; o++) {
-            const uint8_t *row = p + (size_t)o * tp.nb[1];
-            for (int64_t b = 0; b < nb && !bad; b++) {
-                for (int j = 0; j < 16 && !bad; j++) {
-                    const int64_t at = (b / 16) * 256 + (j / 4) * 64 + (b % 16) * 4 + j % 4;
-                    if (row[at] != w[o * nb + b].qs[j]) {
-                        test_fail(t, __FILE__, __LINE__, "n_in %lld row %lld block %lld byte %d: at %lld = %02x, expected %02x",
-                                  (long long)n_in, (long long)o, (long long)b, j, (long long)at, row[at], w[o * nb + b].qs[j]);
-                        bad = 1;
-                    }
-                }
-                uint16_t d;
-                memcpy(&d, row + n_in / 2 + 2 * b, 2);
-                CHECK_MSG(d == w[o * nb + b].d, "n_in %lld row %lld: scale %lld = %04x, expected %04x", (long long)n_in,
-                          (long long)o, (long long)b, d, w[o * nb + b].d);
-                if (d != w[o * nb + b].d) bad = 1;
-            }
-            for (size_t i = (size_t)nb * 18; i < tp.nb[1] && !bad; i++) {
-                CHECK_MSG(row[i] == 0, "n_in %lld row %lld: padding byte %zu = %u", (long long)n_in, (long long)o, i, row[i]);
-                if (row[i] != 0) bad = 1;
-            }
-        }
-        free(p);
-        free(w);
-    }
-    /* not packable: rows not a multiple of 16 blocks, strided rows, a packed view; the scalar level
-     * reads Q4_0 as stored */
-    uint8_t dummy[64] __attribute__((aligned(64)));
-    tensor a = tensor_2d(QUANT_TYPE_Q4_0, dummy, 544, 4);
-    CHECK_EQ_INT(cpu_weight_pack_size(&k, &a), 0);
-    tensor c = tensor_2d(QUANT_TYPE_Q4_0, dummy, 512, 4);
-    c.nb[1] += 18;
-    CHECK_EQ_INT(cpu_weight_pack_size(&k, &c), 0);
-    tensor e = tensor_2d(QUANT_TYPE_Q4_0, dummy, 512, 4);
-    CHECK(cpu_weight_pack_size(&k, &e) > 0);
-    e.layout = TENSOR_LAYOUT_Q4_0_X16;
-    CHECK_EQ_INT(cpu_weight_pack_size(&k, &e), 0);
-    cpu_kernels kr;
-    cpu_kernels_init_ref(&kr);
-    tensor f = tensor_2d(QUANT_TYPE_Q4_0, dummy, 512, 4);
-    CHECK_MSG(cpu_weight_pack_size(&kr, &f) == 0, "the scalar level packs Q4_0");
+    x16_check_layout(t, &k, QUANT_TYPE_Q4_0, &r);
 }
 
 /* 8704: above the AVX-512 Q4_0 kernel's unpack buffer (Q4X_BUF_MAX_IN) */
@@ -298,20 +266,9 @@ TEST(gemm_x16_batch_invariant) {
                 const int64_t c = len % 4 + (len > 5 ? 4 : 0), dd = n_out - (len % 3);
                 memset(y2, 0xff, (size_t)(n_out * n_rows) * sizeof(float));
                 ks.matmul_packed[type](p, tp.nb[1], &act, a, nr, y2, n_out, c, dd);
-                for (int64_t i = 0; i < n_out * n_rows && !bad; i++) {
-                    const int64_t row = i / n_out, o = i % n_out;
-                    const bool inside = row >= a && row < a + nr && o >= c && o < dd;
-                    uint32_t u;
-                    memcpy(&u, &y2[i], 4);
-                    if ((!inside && u != 0xffffffffu) || (inside && memcmp(&y2[i], &y[i], 4) != 0)) {
-                        test_fail(t, __FILE__, __LINE__,
-                                  "%s %s: rows [%lld, %lld) outputs [%lld, %lld): row %lld out %lld %s (%.9g, full call %.9g)",
-                                  quant_type_get(type)->name, k_level_names[level], (long long)a, (long long)(a + nr),
-                                  (long long)c, (long long)dd, (long long)row, (long long)o,
-                                  inside ? "differs from the full call" : "written", y2[i], y[i]);
-                        bad = 1;
-                    }
-                }
+                char what[64];
+                snprintf(what, sizeof(what), "%s %s", quant_type_get(type)->name, k_level_names[level]);
+                bad = !range_call_ok(t, what, y2, y, n_out, n_rows, a, nr, c, dd);
             }
             free(mem); free(p); free(y2); free(y); free(x); free(w);
         }

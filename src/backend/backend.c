@@ -185,6 +185,7 @@ static dfl_status check_tensor(dfl_error *err, const backend_op *op, const char 
 static dfl_status check_weight(dfl_error *err, const backend_op *op, const tensor *w) {
     if (w->layout == TENSOR_LAYOUT_PLAIN) return check_tensor(err, op, "w", w);
     const char *what = NULL;
+    char msg[128];
     if (w->layout == TENSOR_LAYOUT_KQ_X16 || w->layout == TENSOR_LAYOUT_Q6K_X16V) {
         const size_t rec = tensor_kq_x16_record_bytes(w->type);
         if (rec == 0) {
@@ -204,23 +205,24 @@ static dfl_status check_weight(dfl_error *err, const backend_op *op, const tenso
         } else if (w->nb[1] != 2 * (size_t)tensor_p16_x16_n_pad(w->ne[0]) || w->data == NULL || ((uintptr_t)w->data & 63) != 0) {
             what = "is packed as p16 x16: needs nb[1] = 2 x ne[0] rounded up to 32 and 64-byte aligned data";
         }
-    } else if (w->layout == TENSOR_LAYOUT_Q4_0_X16) {
-        if (w->type != QUANT_TYPE_Q4_0) {
-            what = "is packed as q4_0 x16 but is not q4_0";
+    } else if (w->layout == TENSOR_LAYOUT_Q8_0_X16 || w->layout == TENSOR_LAYOUT_Q4_0_X16) {
+        /* the same group layout for both: rows of the type's block bytes, 64-byte aligned */
+        const uint32_t want = w->layout == TENSOR_LAYOUT_Q4_0_X16 ? QUANT_TYPE_Q4_0 : QUANT_TYPE_Q8_0;
+        const char *tn = type_name(want);
+        if (w->type != want) {
+            snprintf(msg, sizeof(msg), "is packed as %s x16 but is not %s", tn, tn);
+            what = msg;
         } else if (w->ne[0] <= 0 || w->ne[0] % 512 != 0 || w->ne[1] <= 0 || w->ne[2] != 1 || w->ne[3] != 1) {
-            what = "is packed as q4_0 x16: needs 2 dims with ne[0] a multiple of 512";
-        } else if (w->nb[1] % 64 != 0 || w->nb[1] < (size_t)(w->ne[0] / 32) * 18 || w->data == NULL ||
+            snprintf(msg, sizeof(msg), "is packed as %s x16: needs 2 dims with ne[0] a multiple of 512", tn);
+            what = msg;
+        } else if (w->nb[1] % 64 != 0 || w->nb[1] < quant_row_size(want, w->ne[0]) || w->data == NULL ||
                    ((uintptr_t)w->data & 63) != 0) {
-            what = "is packed as q4_0 x16: rows must be 64-byte aligned and hold ne[0] / 32 * 18 bytes";
+            snprintf(msg, sizeof(msg), "is packed as %s x16: rows must be 64-byte aligned and hold ne[0] %s blocks",
+                     tn, tn);
+            what = msg;
         }
-    } else if (w->layout != TENSOR_LAYOUT_Q8_0_X16) {
+    } else {
         what = "has an unknown layout";
-    } else if (w->type != QUANT_TYPE_Q8_0) {
-        what = "is packed as q8_0 x16 but is not q8_0";
-    } else if (w->ne[0] <= 0 || w->ne[0] % 512 != 0 || w->ne[1] <= 0 || w->ne[2] != 1 || w->ne[3] != 1) {
-        what = "is packed as q8_0 x16: needs 2 dims with ne[0] a multiple of 512";
-    } else if (w->nb[1] % 64 != 0 || w->nb[1] < (size_t)(w->ne[0] / 32) * 34 || w->data == NULL || ((uintptr_t)w->data & 63) != 0) {
-        what = "is packed as q8_0 x16: rows must be 64-byte aligned and hold ne[0] / 32 * 34 bytes";
     }
     if (what == NULL) return DFL_OK;
     char s[128];

@@ -155,64 +155,50 @@ void cpu_matmul_q_ref(uint32_t wtype, const void *w, size_t w_nb1, const cpu_act
     }
 }
 
-/* One packed Q8_0 x16 row (cpu_pack.c) against activation row r: the f64 sum of dot_row. */
-static double dot_row_q8_0_x16(const uint8_t *wrow, const cpu_act *act, int64_t r) {
-    const int64_t n = act->n_in;
+/* One packed Q8_0 x16 (q4: Q4_0 x16) row (cpu_pack.c) against activation row r: the f64 sum of
+ * dot_row. Quant byte j of block b sits at group b / 16, then (j / 4) * 64 + (b % 16) * 4 + j % 4:
+ * Q8_0 q + 128; Q4_0 as stored (low nibble value j, high nibble value j + 16). */
+static double dot_row_x16(const uint8_t *wrow, bool q4, const cpu_act *act, int64_t r) {
+    const int64_t n = act->n_in, qb = q4 ? QK4_0 / 2 : QK8_0;
     const int8_t *qx = act->qs + r * act->row_len;
     const float *dx = act->d + r * (act->row_len / QK8_0);
     double sum = 0.0;
     for (int64_t b = 0; b < n / QK8_0; b++) {
+        const uint8_t *g = wrow + (b / CPU_Q8_0_GROUP) * CPU_Q8_0_GROUP * qb + (b % CPU_Q8_0_GROUP) * 4;
         int32_t isum = 0;
-        for (int j = 0; j < QK8_0; j++) {
-            const int64_t at = cpu_q8_0_offset(b * QK8_0 + j);
-            isum += ((int32_t)wrow[at] - 128) * qx[at];
+        for (int j = 0; j < qb; j++) {
+            const uint8_t q = g[64 * (j / 4) + j % 4];
+            if (q4) {
+                isum += ((q & 0xF) - 8) * qx[cpu_q8_0_offset(b * QK8_0 + j)];
+                isum += ((q >> 4) - 8) * qx[cpu_q8_0_offset(b * QK8_0 + j + 16)];
+            } else {
+                isum += ((int32_t)q - 128) * qx[cpu_q8_0_offset(b * QK8_0 + j)];
+            }
         }
         uint16_t h;
-        memcpy(&h, wrow + n + 2 * b, sizeof(h));
+        memcpy(&h, wrow + (n / QK8_0) * qb + 2 * b, sizeof(h));
         sum += (double)fp16_to_fp32(h) * (double)dx[b] * (double)isum;
     }
     return sum;
 }
 
 /* dst[r][o] = dot(row o, activation row r) for the rows and outputs of a call. */
-static void matmul_rows_ref(double (*dot)(const uint8_t *, const cpu_act *, int64_t), const void *w, size_t w_nb1,
-                            const cpu_act *act, int64_t r0, int64_t nr, float *dst, int64_t ds, int64_t o0, int64_t o1) {
+static void matmul_rows_ref(bool q4, const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr,
+                            float *dst, int64_t ds, int64_t o0, int64_t o1) {
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_nb1;
-        for (int64_t r = r0; r < r0 + nr; r++) dst[r * ds + o] = (float)dot(wrow, act, r);
+        for (int64_t r = r0; r < r0 + nr; r++) dst[r * ds + o] = (float)dot_row_x16(wrow, q4, act, r);
     }
 }
 
 void cpu_matmul_q8_0_x16_ref(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                              int64_t ds, int64_t o0, int64_t o1) {
-    matmul_rows_ref(dot_row_q8_0_x16, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
-}
-
-/* One packed Q4_0 x16 row (cpu_pack.c) against activation row r: the f64 sum of dot_row (the high
- * nibble of quant byte 4k + e is value 16 + 4k + e). */
-static double dot_row_q4_0_x16(const uint8_t *wrow, const cpu_act *act, int64_t r) {
-    const int64_t n = act->n_in;
-    const int8_t *qx = act->qs + r * act->row_len;
-    const float *dx = act->d + r * (act->row_len / QK8_0);
-    double sum = 0.0;
-    for (int64_t b = 0; b < n / QK4_0; b++) {
-        const uint8_t *g = wrow + (b / CPU_Q8_0_GROUP) * (CPU_Q8_0_GROUP_VALUES / 2) + (b % CPU_Q8_0_GROUP) * 4;
-        int32_t isum = 0;
-        for (int j = 0; j < QK4_0 / 2; j++) {
-            const uint8_t q = g[64 * (j / 4) + j % 4];
-            isum += ((q & 0xF) - 8) * qx[cpu_q8_0_offset(b * QK4_0 + j)];
-            isum += ((q >> 4) - 8) * qx[cpu_q8_0_offset(b * QK4_0 + j + 16)];
-        }
-        uint16_t h;
-        memcpy(&h, wrow + n / 2 + 2 * b, sizeof(h));
-        sum += (double)fp16_to_fp32(h) * (double)dx[b] * (double)isum;
-    }
-    return sum;
+    matmul_rows_ref(false, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 
 void cpu_matmul_q4_0_x16_ref(const void *w, size_t w_nb1, const cpu_act *act, int64_t r0, int64_t nr, float *dst,
                              int64_t ds, int64_t o0, int64_t o1) {
-    matmul_rows_ref(dot_row_q4_0_x16, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
+    matmul_rows_ref(true, w, w_nb1, act, r0, nr, dst, ds, o0, o1);
 }
 
 /* Q6K_X16V (cpu_pack.c): the 256 values (-32..31) of row i of a record, from its 3-dword groups. */

@@ -33,15 +33,8 @@
 
 #include <string.h>
 
-static size_t q8_0_x16_row_stride(int64_t n_in) {
-    const size_t bytes = (size_t)(n_in / QK8_0) * sizeof(block_q8_0);
-    return (bytes + 63) & ~(size_t)63;
-}
-
-static size_t q4_0_x16_row_stride(int64_t n_in) {
-    const size_t bytes = (size_t)(n_in / QK4_0) * sizeof(block_q4_0);
-    return (bytes + 63) & ~(size_t)63;
-}
+/* Bytes of a Q8_0_X16 / Q4_0_X16 row: the type's row of blocks, padded to 64. */
+static size_t x16_row_stride(uint32_t type, int64_t n_in) { return (quant_row_size(type, n_in) + 63) & ~(size_t)63; }
 
 uint32_t cpu_weight_pack_layout(const cpu_kernels *k, const tensor *w) {
     const quant_type_info *ti = quant_type_get(w->type);
@@ -69,8 +62,8 @@ static size_t p16_x16_group_bytes(int64_t n_in) { return 16 * 2 * (size_t)tensor
 
 size_t cpu_weight_pack_size(const cpu_kernels *k, const tensor *w) {
     switch (cpu_weight_pack_layout(k, w)) {
-    case TENSOR_LAYOUT_Q8_0_X16: return q8_0_x16_row_stride(w->ne[0]) * (size_t)w->ne[1];
-    case TENSOR_LAYOUT_Q4_0_X16: return q4_0_x16_row_stride(w->ne[0]) * (size_t)w->ne[1];
+    case TENSOR_LAYOUT_Q8_0_X16:
+    case TENSOR_LAYOUT_Q4_0_X16: return x16_row_stride(w->type, w->ne[0]) * (size_t)w->ne[1];
     case TENSOR_LAYOUT_KQ_X16:
     case TENSOR_LAYOUT_Q6K_X16V:
         return (size_t)((w->ne[1] + 15) / 16) * (size_t)(w->ne[0] / QK_K) * tensor_kq_x16_record_bytes(w->type);
@@ -92,7 +85,7 @@ void cpu_pack_q8_0_x16_row(uint8_t *dst, const block_q8_0 *src, int64_t n_in) {
         }
         memcpy(dst + (size_t)n_in + (size_t)b * sizeof(uint16_t), &src[b].d, sizeof(uint16_t));
     }
-    const size_t used = (size_t)nb * sizeof(block_q8_0), stride = q8_0_x16_row_stride(n_in);
+    const size_t used = (size_t)nb * sizeof(block_q8_0), stride = x16_row_stride(QUANT_TYPE_Q8_0, n_in);
     memset(dst + used, 0, stride - used);
 }
 
@@ -104,7 +97,7 @@ void cpu_pack_q4_0_x16_row(uint8_t *dst, const block_q4_0 *src, int64_t n_in) {
         for (int k = 0; k < QK4_0 / 8; k++) memcpy(g + 64 * k, src[b].qs + 4 * k, 4);
         memcpy(dst + (size_t)(n_in / 2) + (size_t)b * sizeof(uint16_t), &src[b].d, sizeof(uint16_t));
     }
-    const size_t used = (size_t)nb * sizeof(block_q4_0), stride = q4_0_x16_row_stride(n_in);
+    const size_t used = (size_t)nb * sizeof(block_q4_0), stride = x16_row_stride(QUANT_TYPE_Q4_0, n_in);
     memset(dst + used, 0, stride - used);
 }
 
@@ -165,7 +158,7 @@ void cpu_weight_pack_part(const cpu_kernels *k, const tensor *w, void *dst, int 
     DFL_ASSERT(layout != TENSOR_LAYOUT_PLAIN && ((uintptr_t)dst & 63) == 0 && part >= 0 && part < n_parts);
     if (layout == TENSOR_LAYOUT_Q8_0_X16 || layout == TENSOR_LAYOUT_Q4_0_X16) {
         const bool q4 = layout == TENSOR_LAYOUT_Q4_0_X16;
-        const size_t stride = q4 ? q4_0_x16_row_stride(w->ne[0]) : q8_0_x16_row_stride(w->ne[0]);
+        const size_t stride = x16_row_stride(w->type, w->ne[0]);
         const int64_t n = w->ne[1], o0 = n * part / n_parts, o1 = n * (part + 1) / n_parts;
         for (int64_t o = o0; o < o1; o++) {
             const void *row = (const char *)w->data + (size_t)o * w->nb[1];
@@ -217,8 +210,7 @@ tensor cpu_weight_packed_view(const cpu_kernels *k, const tensor *w, void *dst) 
     t.data = dst;
     t.buf = NULL;
     t.layout = layout;
-    t.nb[1] = layout == TENSOR_LAYOUT_Q8_0_X16   ? q8_0_x16_row_stride(w->ne[0])
-              : layout == TENSOR_LAYOUT_Q4_0_X16 ? q4_0_x16_row_stride(w->ne[0])
+    t.nb[1] = layout == TENSOR_LAYOUT_Q8_0_X16 || layout == TENSOR_LAYOUT_Q4_0_X16 ? x16_row_stride(w->type, w->ne[0])
               : layout == TENSOR_LAYOUT_P16_X16 ? p16_x16_group_bytes(w->ne[0]) / 16
                                                 : tensor_kq_x16_record_bytes(w->type) * (size_t)(w->ne[0] / QK_K) / 16;
     t.nb[2] = t.nb[1] * (size_t)w->ne[1];
